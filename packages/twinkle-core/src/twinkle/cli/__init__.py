@@ -1,0 +1,1 @@
+"""twinkle's command line: the ``twinkle`` console script (``twinkle.cli.main``)."""

@@ -1,0 +1,102 @@
+"""Every extension point of twinkle, one documented stub per hook.
+
+A plugin is a module (or object) holding functions decorated with :data:`hookimpl` whose names
+match the stubs below. Installed packages expose their plugin through the ``twinkle``
+entry-point group::
+
+    [project.entry-points.twinkle]
+    mybackend = "my_backend.plugin"
+
+Each ``register_*`` hook returns a mapping ``name -> spec``. A spec is either a lazy reference
+``"package.module:attribute"`` (imported only when the name is first resolved, so listing
+components stays cheap) or a :class:`twinkle.registry.ComponentSpec` when the plugin wants to
+add a description or explicitly override a name another plugin already registered. twinkle-core
+ships its own components through these very hooks (``twinkle._builtin``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Union
+
+import pluggy
+
+if TYPE_CHECKING:
+    from twinkle.registry import ComponentSpec
+
+PROJECT_NAME = "twinkle"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+Specs = Mapping[str, Union[str, "ComponentSpec"]]
+
+
+@hookspec
+def register_models() -> Specs:
+    """TwinkleModel implementations, e.g. ``{"TransformersModel": "twinkle_hf.model:TransformersModel"}``.
+
+    Resolved by ``twinkle.model.<Name>`` and by any API taking a model name.
+    """
+
+
+@hookspec
+def register_losses() -> Specs:
+    """Loss classes (subclasses of ``twinkle.loss.Loss``) or loss callables, for ``set_loss(name)``."""
+
+
+@hookspec
+def register_metrics() -> Specs:
+    """Metric classes, for ``add_metric(name)``."""
+
+
+@hookspec
+def register_optimizers() -> Specs:
+    """Optimizer classes, for ``set_optimizer(name)``; torch.optim's are registered by core."""
+
+
+@hookspec
+def register_lr_schedulers() -> Specs:
+    """Learning-rate scheduler classes, for ``set_lr_scheduler(name)``."""
+
+
+@hookspec
+def register_templates() -> Specs:
+    """Chat templates (``twinkle.template.Template`` subclasses), for ``set_template(name)``."""
+
+
+@hookspec
+def register_preprocessors() -> Specs:
+    """Row preprocessors turning raw dataset rows into standard messages, for ``Dataset.map(name)``."""
+
+
+@hookspec
+def register_processors() -> Specs:
+    """Input processors collating encoded rows into model inputs, for ``set_processor(name)``."""
+
+
+@hookspec
+def register_patches() -> Specs:
+    """Model patches (``twinkle.patch.Patch``), for ``apply_patch(name)``."""
+
+
+@hookspec
+def register_kernels() -> Specs:
+    """Kernel choices: each name maps to an object describing an op, its devices and availability.
+
+    ``twinkle.kernel`` assembles its per-op chains from these.
+    """
+
+
+@hookspec
+def register_precisions() -> Specs:
+    """Precision providers beyond what torch autocast offers, e.g. ``"fp8"`` from Transformer Engine."""
+
+
+@hookspec
+def register_platforms() -> Specs:
+    """Device platforms (``twinkle.platform.Platform`` subclasses): cpu, cuda, npu, ...
+
+    Detection asks every registered platform whether it is available and picks the one with the
+    highest priority.
+    """

@@ -1,0 +1,110 @@
+"""Device platforms: which accelerator this process runs on, and how to talk to it.
+
+Platforms are registry components (kind ``platform``): core registers ``cpu`` and ``cuda``,
+twinkle-npu registers ``npu``. Detection asks each registered platform ``is_available()`` and
+takes the available one with the highest ``priority``; ``TWINKLE_DEVICE`` forces a choice.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar
+
+from twinkle.registry import get_registry
+
+DEVICE_ENV = "TWINKLE_DEVICE"
+
+
+class Platform:
+    """What a device family provides to the runtime. Subclasses override the class attributes."""
+
+    name: ClassVar[str] = ""
+    device_type: ClassVar[str] = ""
+    dist_backend: ClassVar[str] = "gloo"
+    priority: ClassVar[int] = 0
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def device_count(cls) -> int:
+        return 0
+
+    @classmethod
+    def set_device(cls, local_rank: int) -> None:
+        """Bind this process to its device (no-op where there is nothing to bind)."""
+
+    @classmethod
+    def device(cls, local_rank: int = 0):
+        import torch
+
+        return torch.device(cls.device_type, local_rank) if cls.device_count() else torch.device(cls.device_type)
+
+
+class CPUPlatform(Platform):
+    name = "cpu"
+    device_type = "cpu"
+    dist_backend = "gloo"
+    priority = 0
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    @classmethod
+    def device_count(cls) -> int:
+        return 0
+
+    @classmethod
+    def device(cls, local_rank: int = 0):
+        import torch
+
+        return torch.device("cpu")
+
+
+class CUDAPlatform(Platform):
+    name = "cuda"
+    device_type = "cuda"
+    dist_backend = "nccl"
+    priority = 10
+
+    @classmethod
+    def is_available(cls) -> bool:
+        import torch
+
+        return torch.cuda.is_available()
+
+    @classmethod
+    def device_count(cls) -> int:
+        import torch
+
+        return torch.cuda.device_count()
+
+    @classmethod
+    def set_device(cls, local_rank: int) -> None:
+        import torch
+
+        torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
+
+
+def platforms() -> dict[str, type[Platform]]:
+    """Every registered platform class by name (imports each platform module)."""
+    registry = get_registry()
+    return {name: registry.load("platform", name) for name in registry.names("platform")}
+
+
+def detect_platform(name: str | None = None) -> type[Platform]:
+    """The platform to use: ``name``, else ``$TWINKLE_DEVICE``, else the best available one."""
+    registry = get_registry()
+    wanted = name or os.environ.get(DEVICE_ENV)
+    if wanted:
+        platform = registry.load("platform", wanted)
+        if not platform.is_available():
+            raise RuntimeError(
+                f"Platform {wanted!r} was requested (argument or ${DEVICE_ENV}) but is not available on this "
+                f"machine. Available: {', '.join(n for n, p in platforms().items() if p.is_available())}."
+            )
+        return platform
+    available = [p for p in platforms().values() if p.is_available()]
+    return max(available, key=lambda p: p.priority) if available else CPUPlatform

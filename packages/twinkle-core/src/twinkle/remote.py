@@ -1,0 +1,100 @@
+"""``@remote_class`` / ``@remote_function``: how a component runs when it is driven remotely.
+
+In ray mode a decorated class becomes a group of actors placed on the devices of its
+``remote_group`` and each decorated method says how inputs are dispatched to the actors and how
+their results are collected. In local mode (torchrun) every process already holds its own
+instance, so both decorators are transparent: the class only records its ``remote_group`` and
+methods run as written.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+DISPATCH = ("all", "slice", "slice_dp")
+EXECUTE = ("all", "first", "rank0")
+COLLECT = ("none", "first", "list", "flatten", "mean", "sum")
+
+T = TypeVar("T", bound=type)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _check(option: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{option}={value!r} is not one of {', '.join(allowed)}.")
+
+
+@dataclass(frozen=True)
+class RemoteFunctionSpec:
+    """How one method is called across the actors of its group.
+
+    dispatch: ``all`` sends the same arguments to every actor, ``slice`` splits list-like
+    arguments evenly across actors, ``slice_dp`` splits them by data-parallel rank (tp/pp peers
+    get the same slice). execute: ``all`` actors, only the ``first`` one, or ``rank0``.
+    collect: ``none``, the ``first`` result, a ``list`` per actor, ``flatten`` lists, ``mean``/``sum``
+    of numbers.
+    """
+
+    dispatch: str = "all"
+    execute: str = "all"
+    collect: str = "first"
+    sync: bool = True
+
+
+@dataclass(frozen=True)
+class RemoteClassSpec:
+    """Options of a remote class: ``execute`` as in :class:`RemoteFunctionSpec` for its constructor."""
+
+    execute: str = "all"
+
+
+def remote_function(dispatch: str = "all", execute: str = "all", collect: str = "first", sync: bool = True) -> Callable[[F], F]:
+    """Mark a method of a remote class with its dispatch/execute/collect policy."""
+    _check("dispatch", dispatch, DISPATCH)
+    _check("execute", execute, EXECUTE)
+    _check("collect", collect, COLLECT)
+    spec = RemoteFunctionSpec(dispatch, execute, collect, sync)
+
+    def decorate(fn: F) -> F:
+        fn.__twinkle_remote__ = spec  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+def remote_class(execute: str = "all") -> Callable[[T], T]:
+    """Let a component class take ``remote_group=`` and be placed on that group's devices.
+
+    The constructor accepts ``remote_group`` (a group declared in ``twinkle.initialize``) and
+    stores it as ``self.remote_group``; in local mode the group must exist if groups were declared.
+    """
+    _check("execute", execute, EXECUTE)
+    spec = RemoteClassSpec(execute)
+
+    def decorate(cls: T) -> T:
+        original_init = cls.__init__
+
+        @functools.wraps(original_init)
+        def __init__(self, *args: Any, remote_group: str | None = None, **kwargs: Any) -> None:
+            if remote_group is not None:
+                from twinkle.runtime import get_runtime
+
+                runtime = get_runtime()
+                if runtime.groups:
+                    runtime.group(remote_group)
+            self.remote_group = remote_group
+            original_init(self, *args, **kwargs)
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        cls.__twinkle_remote__ = spec  # type: ignore[attr-defined]
+        return cls
+
+    return decorate
+
+
+def remote_spec(obj: Any) -> RemoteFunctionSpec | RemoteClassSpec | None:
+    """The remote policy attached to a class or method, if any."""
+    return getattr(obj, "__twinkle_remote__", None)

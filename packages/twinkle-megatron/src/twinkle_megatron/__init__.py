@@ -1,0 +1,3 @@
+"""twinkle backend package."""
+
+__version__ = "0.1.0"
