@@ -5,4 +5,23 @@
 
 from __future__ import annotations
 
+from twinkle.log import get_logger
+from twinkle.mesh import DeviceGroup, DeviceMesh
+from twinkle.placement import get_device_placement
+from twinkle.remote import remote_class, remote_function
+from twinkle.runtime import get_device_mesh, get_runtime, initialize
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "DeviceGroup",
+    "DeviceMesh",
+    "__version__",
+    "get_device_mesh",
+    "get_device_placement",
+    "get_logger",
+    "get_runtime",
+    "initialize",
+    "remote_class",
+    "remote_function",
+]
