@@ -29,11 +29,23 @@ class _RankFilter(logging.Filter):
         return True
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now (it may be redirected after the handler is made)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def get_logger(name: str = "twinkle") -> logging.Logger:
     """The twinkle logger (or a child of it): one stderr handler, rank-tagged, level from $TWINKLE_LOG_LEVEL."""
     root = logging.getLogger("twinkle")
     if not getattr(root, "_twinkle_configured", False):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("[%(levelname)s:%(name)s]%(rank_tag)s %(message)s"))
         handler.addFilter(_RankFilter())
         root.addHandler(handler)

@@ -34,7 +34,8 @@ class CosineWarmupScheduler(LambdaLR):
         def factor(step: int) -> float:
             if step < num_warmup_steps:
                 return step / max(1, num_warmup_steps)
-            progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
+            # clamped: steps past the end stay at the floor instead of climbing back up the cosine
+            progress = min(1.0, (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps))
             cosine = max(0.0, 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress)))
             return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
 

@@ -238,7 +238,7 @@ class Registry:
         parts.append(f"Known {kind} names: {', '.join(known) if known else '(none installed)'}.")
         elsewhere = [k for k in KINDS if k != kind and name in self._table(k).components]
         if elsewhere:
-            parts.append(f"{name!r} is registered as a {' and a '.join(elsewhere)}, not a {kind}.")
+            parts.append(f"{name!r} is registered under kind {' and '.join(elsewhere)}, not {kind}.")
         parts.append("Pass a class or an instance instead, or install the plugin that provides it (`twinkle plugins`).")
         return ComponentNotFoundError(" ".join(parts), kind=kind, name=name)
 

@@ -1,0 +1,73 @@
+"""Small but working components; the test suite calls each one to prove it resolved for real."""
+
+import torch
+
+from twinkle.model import TwinkleModel
+from twinkle.platform import Platform
+
+
+class ExampleModel(TwinkleModel):
+    """Declares the protocol only; tests check the class resolves and subclasses TwinkleModel."""
+
+
+class ExampleL1Loss:
+    def __call__(self, inputs, outputs, **kwargs):
+        return (outputs["logits"] - inputs["target"]).abs().mean()
+
+
+class ExampleMetric:
+    def __init__(self):
+        self.total = 0.0
+
+    def update(self, value):
+        self.total += float(value)
+
+    def compute(self):
+        return {"example_total": self.total}
+
+
+class ExampleSGD(torch.optim.SGD):
+    """Plain SGD under another name."""
+
+
+class ExampleConstantLR(torch.optim.lr_scheduler.ConstantLR):
+    """ConstantLR under another name."""
+
+
+class ExampleTemplate:
+    def encode(self, row):
+        return {"input_ids": [ord(c) for c in row["text"]]}
+
+
+class ExamplePreprocessor:
+    def __call__(self, row):
+        return {"messages": [{"role": "user", "content": row["q"]}, {"role": "assistant", "content": row["a"]}]}
+
+
+class ExampleProcessor:
+    def __call__(self, rows):
+        return {"input_ids": torch.tensor([r["input_ids"] for r in rows])}
+
+
+class ExamplePatch:
+    def __call__(self, module):
+        module.example_patched = True
+        return module
+
+
+def example_rms_norm(x, weight, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+class ExamplePrecision:
+    name = "example_fp4"
+
+
+class ExamplePlatform(Platform):
+    name = "example_device"
+    device_type = "cpu"
+    priority = -1
+
+    @classmethod
+    def is_available(cls):
+        return False
