@@ -19,8 +19,8 @@ def brute_force(mesh: DeviceMesh) -> list[dict[str, int]]:
 
 @pytest.mark.parametrize(
     "sizes",
-    [dict(dp_size=2, fsdp_size=2), dict(dp_size=2, tp_size=2, pp_size=2), dict(fsdp_size=2, cp_size=2, tp_size=2),
-     dict(dp_size=3, tp_size=2), dict(dp_size=1)],
+    [dict(dp_size=2, fsdp_size=2), dict(dp_size=2, tp_size=2, pp_size=2),
+     dict(fsdp_size=2, cp_size=2, tp_size=2), dict(dp_size=3, tp_size=2), dict(dp_size=1)],
 )
 def test_coordinates_and_groups_match_enumeration(sizes):
     mesh = DeviceMesh.from_sizes(**sizes)

@@ -113,7 +113,8 @@ def test_duplicate_name_names_both_providers(make_registry, plugin_with):
 
 
 def test_explicit_override_wins_in_either_order(make_registry, plugin_with):
-    override = plugin_with(register_losses={"CrossEntropyLoss": ComponentSpec("torch.nn:CrossEntropyLoss", override=True)})
+    spec = ComponentSpec("torch.nn:CrossEntropyLoss", override=True)
+    override = plugin_with(register_losses={"CrossEntropyLoss": spec})
     reg = make_registry((override, "faster-ce"))
     assert reg.resolve("loss", "CrossEntropyLoss") is torch.nn.CrossEntropyLoss
     assert reg.get("loss", "CrossEntropyLoss").distribution == "faster-ce"
@@ -137,7 +138,7 @@ def test_listing_is_lazy_and_bad_targets_fail_on_resolution(make_registry, plugi
     names = [c.name for c in reg.components("model")]
     assert "Ghost" in names
     assert "twinkle_ghost_module_never_imported" not in sys.modules
-    with pytest.raises(ComponentLoadError, match="ghost-dist 1.0 points to 'twinkle_ghost_module_never_imported:Ghost'"):
+    with pytest.raises(ComponentLoadError, match="ghost-dist 1.0 points to 'twinkle_ghost_module_never_imported"):
         reg.resolve("model", "Ghost")
 
 

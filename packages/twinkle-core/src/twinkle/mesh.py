@@ -242,7 +242,9 @@ class DeviceGroup:
             raise ValueError("DeviceGroup needs a non-empty name.")
         ranks = list(range(self.ranks)) if isinstance(self.ranks, int) else list(self.ranks)
         if not ranks or any((not isinstance(r, int)) or r < 0 for r in ranks) or len(set(ranks)) != len(ranks):
-            raise ValueError(f"DeviceGroup {self.name!r}: ranks must be distinct non-negative ints, got {self.ranks!r}.")
+            raise ValueError(
+                f"DeviceGroup {self.name!r}: ranks must be distinct non-negative ints, got {self.ranks!r}."
+            )
         object.__setattr__(self, "ranks", tuple(ranks))
         if self.device_mesh is not None and self.device_mesh.world_size != len(ranks):
             raise ValueError(

@@ -264,7 +264,8 @@ class Registry:
         if isinstance(obj, str):
             return self.load(kind, obj)
         if obj is None:
-            raise TypeError(f"Expected a {kind} name, class or instance, got None. Known: {', '.join(self.names(kind))}.")
+            known = ", ".join(self.names(kind))
+            raise TypeError(f"Expected a {kind} name, class or instance, got None. Known: {known}.")
         return obj
 
 

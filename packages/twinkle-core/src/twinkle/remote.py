@@ -51,7 +51,9 @@ class RemoteClassSpec:
     execute: str = "all"
 
 
-def remote_function(dispatch: str = "all", execute: str = "all", collect: str = "first", sync: bool = True) -> Callable[[F], F]:
+def remote_function(
+    dispatch: str = "all", execute: str = "all", collect: str = "first", sync: bool = True
+) -> Callable[[F], F]:
     """Mark a method of a remote class with its dispatch/execute/collect policy."""
     _check("dispatch", dispatch, DISPATCH)
     _check("execute", execute, EXECUTE)

@@ -41,7 +41,9 @@ class Runtime:
     def group(self, name: str) -> DeviceGroup:
         if name not in self.groups:
             known = ", ".join(self.groups) or "(none declared)"
-            raise KeyError(f"No device group named {name!r}; declared groups: {known}. Pass it in initialize(groups=[...]).")
+            raise KeyError(
+                f"No device group named {name!r}; declared groups: {known}. Pass it in initialize(groups=[...])."
+            )
         return self.groups[name]
 
 

@@ -44,7 +44,9 @@ class NPUPlatform(Platform):
     @classmethod
     def set_device(cls, local_rank: int) -> None:
         if not cls.is_available():
-            raise RuntimeError("NPU platform selected but torch_npu is not installed or sees no device: pip install torch-npu")
+            raise RuntimeError(
+                "NPU platform selected but torch_npu is not installed or sees no device: pip install torch-npu"
+            )
         import torch
 
         torch.npu.set_device(local_rank % max(1, torch.npu.device_count()))
