@@ -52,7 +52,8 @@ def test_core_alone_names_the_missing_backend(core_only):
     proc = run_alone(core_only, "-c", code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (
-        "MissingBackendError | TransformersModel is provided by twinkle-hf, which is not installed: pip install twinkle-hf"
+        "MissingBackendError | TransformersModel is provided by twinkle-hf, "
+        "which is not installed: pip install twinkle-hf"
     )
 
 

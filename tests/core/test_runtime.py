@@ -13,7 +13,6 @@ import torch
 
 import twinkle
 from twinkle import DeviceGroup, DeviceMesh, remote_class, remote_function
-from twinkle.errors import TwinkleError
 from twinkle.remote import RemoteFunctionSpec, remote_spec
 
 SCRIPT = Path(__file__).parent / "scripts" / "runtime_world.py"
@@ -54,9 +53,12 @@ def test_initialize_rejects_bad_arguments():
         twinkle.initialize(device="cuda")
 
 
-def test_ray_mode_says_what_is_missing():
-    with pytest.raises((ImportError, TwinkleError), match="ray"):
+def test_ray_mode_without_ray_names_the_extra(monkeypatch):
+    before = twinkle.initialize(seed=3)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(ImportError, match=r"pip install 'twinkle-core\[ray\]'"):
         twinkle.initialize(mode="ray")
+    assert twinkle.get_runtime() is before
 
 
 def test_placement_picture_names_every_rank():

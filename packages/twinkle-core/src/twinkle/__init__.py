@@ -9,7 +9,7 @@ from twinkle.log import get_logger
 from twinkle.mesh import DeviceGroup, DeviceMesh
 from twinkle.placement import get_device_placement
 from twinkle.remote import remote_class, remote_function
-from twinkle.runtime import get_device_mesh, get_runtime, initialize
+from twinkle.runtime import get_device_mesh, get_runtime, initialize, shutdown
 
 __version__ = "0.1.0"
 
@@ -24,4 +24,5 @@ __all__ = [
     "initialize",
     "remote_class",
     "remote_function",
+    "shutdown",
 ]

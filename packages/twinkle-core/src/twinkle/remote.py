@@ -70,14 +70,28 @@ def remote_function(
 def remote_class(execute: str = "all") -> Callable[[T], T]:
     """Let a component class take ``remote_group=`` and be placed on that group's devices.
 
-    The constructor accepts ``remote_group`` (a group declared in ``twinkle.initialize``) and
-    stores it as ``self.remote_group``; in local mode the group must exist if groups were declared.
+    The constructor accepts ``remote_group`` (a group declared in ``twinkle.initialize``). In ray
+    mode the driver gets a proxy whose methods run on one actor per rank of that group; in local
+    mode (and inside those actors) the object is built as usual and ``self.remote_group`` records
+    the group, which must exist if groups were declared.
     """
     _check("execute", execute, EXECUTE)
     spec = RemoteClassSpec(execute)
 
     def decorate(cls: T) -> T:
         original_init = cls.__init__
+        original_new = cls.__new__
+
+        def __new__(klass: type, *args: Any, remote_group: str | None = None, **kwargs: Any) -> Any:
+            from twinkle.actors.worker import in_actor
+            from twinkle.runtime import get_runtime
+
+            runtime = get_runtime()
+            if runtime.mode == "ray" and not in_actor():
+                return runtime.make_remote(klass, remote_group, args, kwargs)
+            if original_new is object.__new__:
+                return object.__new__(klass)
+            return original_new(klass, *args, **kwargs)
 
         @functools.wraps(original_init)
         def __init__(self, *args: Any, remote_group: str | None = None, **kwargs: Any) -> None:
@@ -90,6 +104,7 @@ def remote_class(execute: str = "all") -> Callable[[T], T]:
             self.remote_group = remote_group
             original_init(self, *args, **kwargs)
 
+        cls.__new__ = staticmethod(__new__)  # type: ignore[assignment]
         cls.__init__ = __init__  # type: ignore[method-assign]
         cls.__twinkle_remote__ = spec  # type: ignore[attr-defined]
         return cls

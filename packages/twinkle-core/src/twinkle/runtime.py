@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from typing import Any
 
-from twinkle.errors import TwinkleError
 from twinkle.log import get_logger
 from twinkle.mesh import DeviceGroup, DeviceMesh
 
@@ -33,6 +33,8 @@ class Runtime:
     groups: dict[str, DeviceGroup] = field(default_factory=dict)
     seed: int | None = None
     initialized: bool = False
+    cluster: Any = None  # ray mode: twinkle.actors.cluster.Cluster
+    timeout_s: float | None = None
 
     @property
     def data_rank(self) -> int:
@@ -45,6 +47,24 @@ class Runtime:
                 f"No device group named {name!r}; declared groups: {known}. Pass it in initialize(groups=[...])."
             )
         return self.groups[name]
+
+    def group_mesh(self, name: str) -> DeviceMesh:
+        """The mesh of a group's ranks (ray mode fills one in for every group at initialize)."""
+        group = self.group(name)
+        return group.device_mesh or self.device_mesh
+
+    def make_remote(self, cls: type, remote_group: str | None, args: tuple, kwargs: dict) -> Any:
+        """Build ``cls`` as actors on ``remote_group`` (ray mode)."""
+        from twinkle.actors.proxy import RemoteGroupProxy
+
+        if remote_group is None:
+            if len(self.groups) != 1:
+                known = ", ".join(self.groups)
+                raise ValueError(f"{cls.__name__}(...) in ray mode needs remote_group=...; declared groups: {known}.")
+            remote_group = next(iter(self.groups))
+        group = self.group(remote_group)
+        return RemoteGroupProxy(cls, group, self.group_mesh(remote_group), self.cluster, args, kwargs,
+                                seed=self.seed, timeout_s=self.timeout_s)
 
 
 _runtime = Runtime()
@@ -92,23 +112,35 @@ def initialize(
     *,
     device: str | None = None,
     timeout_s: float | None = None,
+    ray_address: str | None = None,
+    num_cpus: int | None = None,
 ) -> Runtime:
     """Set up this process for training and return the :class:`Runtime`.
 
-    Under ``torchrun`` (``WORLD_SIZE > 1``) this initialises torch.distributed with the detected
-    platform's backend unless it already is. The mesh must cover exactly the launched processes.
+    local: under ``torchrun`` (``WORLD_SIZE > 1``) this initialises torch.distributed with the
+    detected platform's backend unless it already is; the mesh must cover exactly the launched
+    processes. ray: this process is the driver; it starts (or joins ``ray_address``) a Ray cluster,
+    and each ``@remote_class`` component built with ``remote_group=`` becomes one actor per rank of
+    that group. ``timeout_s`` bounds collectives (local) and remote calls (ray).
     """
     global _runtime
     if mode not in MODES:
         raise ValueError(f"initialize(mode={mode!r}): mode must be one of {', '.join(MODES)}.")
+    # Everything is validated before the previous runtime is touched: a bad call changes nothing.
     if mode == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError as exc:
-            raise ImportError("mode='ray' needs Ray: pip install 'twinkle-core[ray]'") from exc
-        raise TwinkleError(
-            "mode='ray' is not available in twinkle-core 0.1.0 yet; launch with torchrun and mode='local'."
-        )
+        table = _ray_groups(global_device_mesh, groups)
+        from twinkle.actors.cluster import import_ray
+
+        import_ray()
+        shutdown()
+        from twinkle.actors.cluster import start
+
+        cluster = start(ray_address, num_cpus)
+        if seed is not None:
+            seed_everything(seed)
+        _runtime = Runtime(mode="ray", device_mesh=global_device_mesh or DeviceMesh(), groups=table, seed=seed,
+                           initialized=True, cluster=cluster, timeout_s=timeout_s)
+        return _runtime
 
     from twinkle.platform import detect_platform
 
@@ -119,6 +151,7 @@ def initialize(
     mesh = global_device_mesh or DeviceMesh.from_sizes(world_size=world_size)
     mesh.check_world_size(world_size)
     group_table = _check_groups(groups or (), world_size, mode)
+    shutdown()
 
     platform.set_device(local_rank)
     if world_size > 1:
@@ -132,7 +165,31 @@ def initialize(
 
     _runtime = Runtime(
         mode=mode, rank=rank, world_size=world_size, local_rank=local_rank, platform=platform.name,
-        device_mesh=mesh, groups=group_table, seed=seed, initialized=True,
+        device_mesh=mesh, groups=group_table, seed=seed, initialized=True, timeout_s=timeout_s,
     )
     get_logger().debug("initialized %s on %s (rank %d/%d)", mesh.describe(), platform.name, rank, world_size)
     return _runtime
+
+
+def _ray_groups(mesh: DeviceMesh | None, groups: Sequence[DeviceGroup] | None) -> dict[str, DeviceGroup]:
+    """Every group with a mesh of its own size: its own, else the global mesh, else dp over its ranks."""
+    if not groups:
+        groups = [DeviceGroup("default", mesh.world_size if mesh else 1)]
+    table = _check_groups(groups, world_size=0, mode="ray")
+    for name, group in table.items():
+        group_mesh = group.device_mesh or mesh or DeviceMesh.from_sizes(world_size=group.world_size)
+        if group_mesh.world_size != group.world_size:
+            raise ValueError(
+                f"DeviceGroup {group.name!r} has {group.world_size} ranks but global_device_mesh covers "
+                f"{group_mesh.world_size}; give the group its own device_mesh or match the sizes."
+            )
+        table[name] = replace(group, device_mesh=group_mesh)
+    return table
+
+
+def shutdown() -> None:
+    """Stop what ``initialize`` started in ray mode: the groups' actors, and the Ray session if we began it."""
+    global _runtime
+    if _runtime.cluster is not None:
+        _runtime.cluster.shutdown()
+    _runtime = Runtime()

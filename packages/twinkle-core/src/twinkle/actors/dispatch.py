@@ -1,0 +1,85 @@
+"""How one call's arguments are split across a group's ranks and how their results are combined.
+
+Pure functions over plain data (lists, tuples, dicts, tensors, numbers): no Ray here, so the
+rules are testable on their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twinkle.mesh import DeviceMesh
+
+
+def _length(value: Any) -> int | None:
+    """Row count of a sliceable batch-like value, None for scalars and strings."""
+    if isinstance(value, (str, bytes)) or value is None:
+        return None
+    if isinstance(value, Mapping):
+        lengths = {_length(v) for v in value.values()}
+        lengths.discard(None)
+        return lengths.pop() if len(lengths) == 1 else None
+    if hasattr(value, "shape") and getattr(value, "ndim", 0) > 0:
+        return int(value.shape[0])
+    if isinstance(value, Sequence):
+        return len(value)
+    return None
+
+
+def _take(value: Any, start: int, stop: int) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _take(v, start, stop) if _length(v) is not None else v for k, v in value.items()}
+    return value[start:stop]
+
+
+def split(value: Any, parts: int, what: str) -> list[Any]:
+    """``parts`` equal slices of a batch-like value; scalars are repeated. Uneven sizes are an error."""
+    n = _length(value)
+    if n is None:
+        return [value] * parts
+    if n % parts:
+        raise ValueError(
+            f"{what} has {n} rows, which does not divide evenly over {parts} data-parallel ranks; "
+            f"use a batch size that is a multiple of {parts}."
+        )
+    step = n // parts
+    return [_take(value, i * step, (i + 1) * step) for i in range(parts)]
+
+
+def plan_calls(
+    dispatch: str, execute: str, mesh: DeviceMesh, args: tuple, kwargs: dict, what: str
+) -> list[tuple[int, tuple, dict]]:
+    """``(rank, args, kwargs)`` for every rank that runs this call."""
+    ranks = list(range(mesh.world_size)) if execute == "all" else [0]
+    if dispatch == "all":
+        return [(r, args, kwargs) for r in ranks]
+    parts = mesh.world_size if dispatch == "slice" else mesh.data_world_size
+    split_args = [split(a, parts, f"{what} argument {i}") for i, a in enumerate(args)]
+    split_kwargs = {k: split(v, parts, f"{what} argument {k!r}") for k, v in kwargs.items()}
+    plan = []
+    for r in ranks:
+        shard = r if dispatch == "slice" else mesh.data_rank(r)
+        plan.append((r, tuple(a[shard] for a in split_args), {k: v[shard] for k, v in split_kwargs.items()}))
+    return plan
+
+
+def _mean_or_sum(values: list[Any], how: str) -> Any:
+    first = values[0]
+    if isinstance(first, Mapping):
+        return {k: _mean_or_sum([v[k] for v in values], how) for k in first}
+    total = sum(values[1:], first)
+    return total / len(values) if how == "mean" else total
+
+
+def collect(how: str, results: list[Any]) -> Any:
+    """Combine per-rank results (in rank order) as a ``remote_function(collect=...)`` asked."""
+    if how == "none":
+        return None
+    if how == "first":
+        return results[0]
+    if how == "list":
+        return list(results)
+    if how == "flatten":
+        return [item for result in results for item in result]
+    return _mean_or_sum(results, how)

@@ -1,0 +1,136 @@
+"""The driver-side stand-in for a remote class: one actor per rank, calls fanned out and collected."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from twinkle.actors import dispatch
+from twinkle.actors.cluster import Cluster
+from twinkle.actors.worker import RankWorker
+from twinkle.errors import TwinkleError
+from twinkle.mesh import DeviceGroup, DeviceMesh
+from twinkle.remote import RemoteFunctionSpec, remote_spec
+
+DEFAULT_SPEC = RemoteFunctionSpec()
+SHARE = 0.01
+
+
+class RemoteActorError(TwinkleError, RuntimeError):
+    """A rank raised inside a remote call; the message names the rank and carries its traceback."""
+
+    def __init__(self, message: str, rank: int) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class RemoteGroupProxy:
+    """Looks like an instance of ``cls``; each method call runs on the group's actors.
+
+    Every rank runs in its own actor process with torch.distributed initialised among them, so
+    the class's code is the same as under torchrun. Any rank's failure kills the group (ranks
+    stuck in a collective would otherwise wait forever) and is raised here naming the rank.
+    """
+
+    def __init__(self, cls: type, group: DeviceGroup, mesh: DeviceMesh, cluster: Cluster, args: tuple,
+                 kwargs: dict, *, seed: int | None = None, timeout_s: float | None = None) -> None:
+        import ray
+
+        self._cls, self._group, self._mesh, self._timeout = cls, group, mesh, timeout_s
+        self._closed = False
+        pg = cluster.placement_group(group)
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        actor_cls = ray.remote(RankWorker)
+        # A small share of each bundle, so several components can live on one group's devices.
+        share = {k: SHARE for k in cluster.bundle(group)}
+        custom = {k: v for k, v in share.items() if k not in ("CPU", "GPU")}
+        self._actors = [
+            actor_cls.options(
+                num_cpus=share.get("CPU", 0), num_gpus=share.get("GPU", 0), resources=custom or None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
+            ).remote(rank, group.world_size, group.name)
+            for rank in range(group.world_size)
+        ]
+        cluster.proxies.add(self)
+        addr, port = self._gather([self._actors[0].address.remote()], "address")[0]
+        device = None if group.device_type == "gpu" else group.device_type
+        self._gather([a.setup.remote(addr, port, mesh, seed, device) for a in self._actors], "setup")
+        self._gather([a.construct.remote(cls, args, kwargs) for a in self._actors], "__init__")
+
+    # ---------------------------------------------------------------- calls
+    def _gather(self, refs: list[Any], what: str, ranks: list[int] | None = None) -> list[Any]:
+        """Wait for every ref; on the first failure kill the group and raise naming the rank."""
+        import ray
+
+        ranks = ranks if ranks is not None else list(range(len(refs)))
+        pending = dict(zip(refs, ranks))
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        while pending:
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+            if not done:
+                self.close()
+                raise RemoteActorError(
+                    f"{self._cls.__name__}.{what} on group {self._group.name!r} did not finish within "
+                    f"{self._timeout}s on ranks {sorted(pending.values())}; the group was stopped.",
+                    rank=min(pending.values()),
+                )
+            ref = done[0]
+            try:
+                ray.get(ref)
+            except Exception as exc:
+                rank = pending[ref]
+                self.close()
+                raise RemoteActorError(
+                    f"{self._cls.__name__}.{what} failed on rank {rank} of group {self._group.name!r} "
+                    f"(the group was stopped):\n{exc}",
+                    rank=rank,
+                ) from None
+            del pending[ref]
+        return ray.get(refs)
+
+    def _call(self, name: str, spec: RemoteFunctionSpec, args: tuple, kwargs: dict) -> Any:
+        if self._closed:
+            raise TwinkleError(f"The {self._cls.__name__} actors of group {self._group.name!r} were stopped.")
+        what = f"{self._cls.__name__}.{name}"
+        plan = dispatch.plan_calls(spec.dispatch, spec.execute, self._mesh, args, kwargs, what)
+        refs = [self._actors[rank].call.remote(name, a, k) for rank, a, k in plan]
+        results = self._gather(refs, name, [rank for rank, _, _ in plan])
+        return dispatch.collect(spec.collect, results)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        attr = getattr(self._cls, name, None)
+        if attr is None or not callable(attr):  # plain attributes are read from rank 0
+            return self._gather([self._actors[0].get.remote(name)], name)[0]
+        spec = remote_spec(attr) if isinstance(remote_spec(attr), RemoteFunctionSpec) else DEFAULT_SPEC
+
+        def method(*args: Any, **kwargs: Any) -> Any:
+            return self._call(name, spec, args, kwargs)
+
+        method.__name__ = name
+        return method
+
+    @property
+    def remote_group(self) -> str:
+        return self._group.name
+
+    @property
+    def world_size(self) -> int:
+        return self._group.world_size
+
+    def close(self) -> None:
+        """Stop this group's actors (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        import ray
+
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._closed else f"{self._group.world_size} actors"
+        return f"<remote {self._cls.__name__} on group {self._group.name!r}: {state}>"
