@@ -1,0 +1,133 @@
+"""``CLI``: the argument object a training script reads (``args = CLI.from_args()``; seed 003's flow).
+
+Options are grouped (``args.training.batch_size``) so one name means one thing in scripts, config
+files and the environment alike. Subclass it as a dataclass to add groups of your own::
+
+    @dataclass
+    class MyCLI(CLI):
+        reward: RewardArgs = field(default_factory=RewardArgs)
+
+Only the standard library is imported here; PyYAML loads only when a ``.yaml`` config is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from twinkle.cli.args_groups import (
+    DatasetArgs,
+    InfraArgs,
+    LoraArgs,
+    ModelArgs,
+    OptimizerArgs,
+    SchedulerArgs,
+    TemplateArgs,
+    TrainingArgs,
+)
+from twinkle.cli.args_help import render_help
+from twinkle.cli.args_schema import CLIError, schema_of
+from twinkle.cli.args_sources import Layer, from_argv, from_env, from_mapping, load_config
+
+C = TypeVar("C", bound="CLI")
+_PLAIN_MODULE_NAME = re.compile(r"\w+")
+
+
+class CLIHelpRequested(Exception):
+    """``-h``/``--help`` was given to :meth:`CLI.parse`; ``text`` is the help. ``from_args`` prints it and exits 0."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("help requested")
+        self.text = text
+
+
+@dataclass
+class CLI:
+    """Every option of a twinkle training script, by group, plus ``extra`` for the script's own keys."""
+
+    infra: InfraArgs = field(default_factory=InfraArgs)
+    model: ModelArgs = field(default_factory=ModelArgs)
+    lora: LoraArgs = field(default_factory=LoraArgs)
+    dataset: DatasetArgs = field(default_factory=DatasetArgs)
+    template: TemplateArgs = field(default_factory=TemplateArgs)
+    training: TrainingArgs = field(default_factory=TrainingArgs)
+    optimizer: OptimizerArgs = field(default_factory=OptimizerArgs)
+    scheduler: SchedulerArgs = field(default_factory=SchedulerArgs)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls: type[C], argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None,
+              **defaults: Any) -> C:
+        """Library entry: build the arguments, raising :class:`CLIError` (or :class:`CLIHelpRequested`).
+
+        ``argv`` defaults to ``sys.argv[1:]``, ``environ`` to ``os.environ``. ``defaults`` are the
+        script's own defaults (``batch_size=8`` or ``training={'batch_size': 8}``), below every source.
+        """
+        schema = schema_of(cls)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        cli_layer = from_argv(schema, argv)
+        if cli_layer.help:
+            raise CLIHelpRequested(cls.help_text())
+        layers = [from_mapping(schema, defaults, "CLI defaults")]
+        if cli_layer.config is not None:
+            layers.append(load_config(cli_layer.config, schema))
+        layers += [from_env(schema, os.environ if environ is None else environ), cli_layer]
+        return cls._build(layers)
+
+    @classmethod
+    def from_args(cls: type[C], argv: Sequence[str] | None = None, **defaults: Any) -> C:
+        """Script entry: like :meth:`parse`, but ``--help`` prints and exits 0, and a bad option exits 2."""
+        try:
+            return cls.parse(argv, **defaults)
+        except CLIHelpRequested as help_request:
+            sys.stdout.write(help_request.text)
+            raise SystemExit(0) from None
+        except CLIError as exc:
+            sys.stderr.write(f"{_prog()}: error: {exc}\n(see {_prog()} --help)\n")
+            raise SystemExit(2) from None
+
+    @classmethod
+    def help_text(cls, prog: str | None = None) -> str:
+        """The ``--help`` text: every option with its group, type and default."""
+        return render_help(schema_of(cls), prog or _prog())
+
+    @classmethod
+    def _build(cls: type[C], layers: Sequence[Layer]) -> C:
+        values: dict[str, dict[str, Any]] = {group: {} for group in schema_of(cls).groups}
+        extra: dict[str, Any] = {}
+        for layer in layers:
+            for (group, name), value in layer.fields.items():
+                values[group][name] = value
+            extra.update(layer.extra)
+        groups = {group: group_cls(**values[group]) for group, group_cls in schema_of(cls).groups.items()}
+        return cls(**groups, extra=extra)
+
+    def get_lora_args(self) -> dict[str, Any]:
+        """Keyword arguments for ``peft.LoraConfig`` (peft's names) from the ``lora`` group.
+
+        A single plain module name becomes a one-item list: peft reads a string as a regex over the
+        full module path, so ``'q_proj'`` alone would match nothing. ``'all-linear'`` and regexes pass as-is.
+        """
+        lora = self.lora
+        targets = lora.target_modules
+        if isinstance(targets, str) and _PLAIN_MODULE_NAME.fullmatch(targets):
+            targets = [targets]
+        kwargs: dict[str, Any] = {"r": lora.r, "lora_alpha": lora.lora_alpha, "lora_dropout": lora.lora_dropout,
+                                  "target_modules": list(targets) if isinstance(targets, list) else targets}
+        if lora.modules_to_save:
+            kwargs["modules_to_save"] = list(lora.modules_to_save)
+        return kwargs
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every value, nested by group, for logging and experiment trackers (a deep copy)."""
+        return dataclasses.asdict(self)
+
+
+def _prog() -> str:
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "twinkle"
