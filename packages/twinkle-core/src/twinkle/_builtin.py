@@ -30,9 +30,46 @@ def register_lr_schedulers():
 
 @hookimpl
 def register_losses():
-    return {"CrossEntropyLoss": "twinkle.loss:CrossEntropyLoss"}
+    return {"CrossEntropyLoss": "twinkle.loss:CrossEntropyLoss", "InfoNCELoss": "twinkle.loss:InfoNCELoss"}
 
 
 @hookimpl
 def register_platforms():
     return {"cpu": "twinkle.platform:CPUPlatform", "cuda": "twinkle.platform:CUDAPlatform"}
+
+
+@hookimpl
+def register_metrics():
+    return {"LossMetric": "twinkle.metric:LossMetric", "TokenAccuracy": "twinkle.metric:TokenAccuracy"}
+
+
+@hookimpl
+def register_templates():
+    return {
+        name: f"twinkle.template.{module}:{name}"
+        for module, name in (
+            ("base", "Template"), ("chatml", "ChatMLTemplate"), ("qwen", "Qwen2_5Template"),
+            ("qwen", "Qwen3Template"), ("qwen", "Qwen3_5Template"), ("llama", "Llama3Template"),
+        )
+    }
+
+
+@hookimpl
+def register_preprocessors():
+    return {
+        "SelfCognitionProcessor": "twinkle.preprocessor.self_cognition:SelfCognitionProcessor",
+        "AlpacaProcessor": "twinkle.preprocessor.alpaca:AlpacaProcessor",
+        "MessagesProcessor": "twinkle.preprocessor.conversation:MessagesProcessor",
+    }
+
+
+@hookimpl
+def register_processors():
+    return {"InputProcessor": "twinkle.processor.input_processor:InputProcessor"}
+
+
+@hookimpl
+def register_kernels():
+    # torch reference choices, the last link of every chain (see twinkle/kernel/torch_choices.py)
+    ops = ("rms_norm", "swiglu", "rotary_embedding", "attention", "cross_entropy", "fused_linear_cross_entropy")
+    return {f"torch.{op}": f"twinkle.kernel.torch_choices:TORCH_{op.upper()}" for op in ops}

@@ -27,14 +27,15 @@ def _length(value: Any) -> int | None:
     return None
 
 
-def _take(value: Any, start: int, stop: int) -> Any:
+def _take(value: Any, part: int, parts: int) -> Any:
     if isinstance(value, Mapping):
-        return {k: _take(v, start, stop) if _length(v) is not None else v for k, v in value.items()}
-    return value[start:stop]
+        return {k: _take(v, part, parts) if _length(v) is not None else v for k, v in value.items()}
+    return value[part::parts]
 
 
 def split(value: Any, parts: int, what: str) -> list[Any]:
-    """``parts`` equal slices of a batch-like value; scalars are repeated. Uneven sizes are an error."""
+    """``parts`` equal strided slices (rows ``r::parts``, as the DataLoader gives each rank under
+    torchrun) of a batch-like value; scalars are repeated. Uneven sizes are an error."""
     n = _length(value)
     if n is None:
         return [value] * parts
@@ -43,24 +44,23 @@ def split(value: Any, parts: int, what: str) -> list[Any]:
             f"{what} has {n} rows, which does not divide evenly over {parts} data-parallel ranks; "
             f"use a batch size that is a multiple of {parts}."
         )
-    step = n // parts
-    return [_take(value, i * step, (i + 1) * step) for i in range(parts)]
+    return [_take(value, i, parts) for i in range(parts)]
 
 
 def plan_calls(
     dispatch: str, execute: str, mesh: DeviceMesh, args: tuple, kwargs: dict, what: str
-) -> list[tuple[int, tuple, dict]]:
-    """``(rank, args, kwargs)`` for every rank that runs this call."""
+) -> list[tuple[int, int | None, tuple, dict]]:
+    """``(rank, shard, args, kwargs)`` for every rank that runs this call (shard None: not split)."""
     ranks = list(range(mesh.world_size)) if execute == "all" else [0]
     if dispatch == "all":
-        return [(r, args, kwargs) for r in ranks]
+        return [(r, None, args, kwargs) for r in ranks]
     parts = mesh.world_size if dispatch == "slice" else mesh.data_world_size
     split_args = [split(a, parts, f"{what} argument {i}") for i, a in enumerate(args)]
     split_kwargs = {k: split(v, parts, f"{what} argument {k!r}") for k, v in kwargs.items()}
     plan = []
     for r in ranks:
         shard = r if dispatch == "slice" else mesh.data_rank(r)
-        plan.append((r, tuple(a[shard] for a in split_args), {k: v[shard] for k, v in split_kwargs.items()}))
+        plan.append((r, shard, tuple(a[shard] for a in split_args), {k: v[shard] for k, v in split_kwargs.items()}))
     return plan
 
 
@@ -72,14 +72,29 @@ def _mean_or_sum(values: list[Any], how: str) -> Any:
     return total / len(values) if how == "mean" else total
 
 
-def collect(how: str, results: list[Any]) -> Any:
-    """Combine per-rank results (in rank order) as a ``remote_function(collect=...)`` asked."""
+def collect(how: str, results: list[Any], shards: list[int] | None = None) -> Any:
+    """Combine per-rank results (in rank order) as a ``remote_function(collect=...)`` asked.
+
+    ``shards`` gives, per result, the slice its rank received (None when arguments were not
+    split). ``flatten`` then puts rows back in their original order, and ``flatten``/``sum`` count
+    each slice once (tp/pp peers of a data rank return the same rows).
+    """
     if how == "none":
         return None
     if how == "first":
         return results[0]
     if how == "list":
         return list(results)
+    if shards is not None and how in ("flatten", "sum"):
+        first_of_shard = {}
+        for shard, result in zip(shards, results):
+            first_of_shard.setdefault(shard, result)
+        results = [first_of_shard[k] for k in sorted(first_of_shard)]
     if how == "flatten":
-        return [item for result in results for item in result]
+        if shards is None:
+            return [item for result in results for item in result]
+        merged: list[Any] = [None] * sum(len(r) for r in results)
+        for part, result in enumerate(results):
+            merged[part::len(results)] = list(result)
+        return merged
     return _mean_or_sum(results, how)

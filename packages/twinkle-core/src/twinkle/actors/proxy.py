@@ -95,9 +95,10 @@ class RemoteGroupProxy:
             raise TwinkleError(f"The {self._cls.__name__} actors of group {self._group.name!r} were stopped.")
         what = f"{self._cls.__name__}.{name}"
         plan = dispatch.plan_calls(spec.dispatch, spec.execute, self._mesh, args, kwargs, what)
-        refs = [self._actors[rank].call.remote(name, a, k) for rank, a, k in plan]
-        results = self._gather(refs, name, [rank for rank, _, _ in plan])
-        return dispatch.collect(spec.collect, results)
+        refs = [self._actors[rank].call.remote(name, a, k) for rank, _, a, k in plan]
+        results = self._gather(refs, name, [rank for rank, _, _, _ in plan])
+        shards = None if spec.dispatch == "all" else [shard for _, shard, _, _ in plan]
+        return dispatch.collect(spec.collect, results, shards)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

@@ -1,0 +1,42 @@
+"""Files twinkle-core ships so the main job and the tests run offline (made by scripts/ in the repo).
+
+- ``self-cognition``: ``self_cognition.jsonl``, rows ``{"query", "response", "tag"}`` in the public
+  swift/self-cognition format with ``{{NAME}}``/``{{AUTHOR}}`` placeholders
+  (scripts/make_self_cognition.py).
+- ``tiny-qwen`` (alias ``tokenizer``): a directory with a byte-level BPE tokenizer
+  (tokenizer.json, tokenizer_config.json with a ChatML chat template) and the config.json of a
+  tiny Qwen2 causal LM sized to it (scripts/make_tokenizer.py). No weights: build the model with
+  ``from_config``.
+
+Address them as ``twinkle://NAME`` anywhere a path or hub id is accepted (see :mod:`twinkle.hub`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ASSETS_DIR = Path(__file__).resolve().parent
+
+#: asset name -> path relative to this package
+ASSETS: dict[str, str] = {
+    "self-cognition": "self_cognition.jsonl",
+    "tiny-qwen": "tiny-qwen",
+    "tokenizer": "tiny-qwen",
+}
+
+#: what ``model_id=None`` means for a template: the embedded tokenizer
+DEFAULT_MODEL_ID = "twinkle://tiny-qwen"
+
+
+def asset_path(name: str) -> Path:
+    """The path of an embedded asset by name; an unknown name lists the known ones."""
+    if name not in ASSETS:
+        raise FileNotFoundError(
+            f"twinkle has no embedded asset {name!r}; known: {', '.join(sorted(ASSETS))} (use twinkle://<name>)."
+        )
+    path = ASSETS_DIR / ASSETS[name]
+    if not path.exists():
+        raise FileNotFoundError(
+            f"embedded asset {name!r} is missing at {path}; reinstall twinkle-core (or run the scripts/ that make it)."
+        )
+    return path

@@ -1,0 +1,119 @@
+"""DataLoader: global batches, this rank's slice of each, and an exact resume point.
+
+Each data-parallel rank (``DeviceMesh.data_rank``: dp x fsdp) gets a disjoint equal slice of
+every global batch; ranks that differ only in tp/pp/cp read the same slice. One ``for`` loop is
+one epoch; the next loop continues with the next epoch. Progress is counted in global samples
+(``get_state()``), which is what a checkpoint stores and ``resume_from_checkpoint`` takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from twinkle.dataloader.sampler import BatchPlan
+from twinkle.dataset.errors import DataError
+from twinkle.mesh import DeviceMesh
+from twinkle.registry import resolve
+
+
+class DataLoader:
+    """Iterate a dataset in global batches of ``batch_size``; yield this rank's rows.
+
+    Yields a list of row dicts, or, with a ``processor`` (InputProcessor instance, class or
+    registered name), the collated tensor dict. ``min_batch_size`` (default ``batch_size``: drop
+    the last partial batch) keeps a smaller final batch; see :class:`BatchPlan`. ``shuffle``
+    orders each epoch by a permutation seeded with (``seed``, epoch); ``seed`` defaults to the
+    one given to ``twinkle.initialize`` or 42. ``device_mesh``/``rank`` default to the runtime's;
+    ``rank`` (a global rank) lets tests simulate any rank in one process.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        min_batch_size: int | None = None,
+        device_mesh: DeviceMesh | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        processor: Any = None,
+        *,
+        rank: int | None = None,
+    ) -> None:
+        from twinkle.runtime import get_runtime
+
+        if callable(dataset) and not hasattr(dataset, "__len__"):
+            dataset = dataset()  # a factory, e.g. to build the dataset where the loader lives
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise TypeError(
+                f"DataLoader needs a Dataset (or anything with len() and []), got {type(dataset).__name__}."
+            )
+        runtime = get_runtime()
+        self.dataset = dataset
+        # A Ray driver reads whole global batches; its remote model slices them per rank (slice_dp).
+        driver = runtime.mode == "ray" and rank is None
+        self.device_mesh = device_mesh or (DeviceMesh() if driver else runtime.device_mesh)
+        self.rank = runtime.rank if rank is None else rank
+        self.data_rank = self.device_mesh.data_rank(self.rank)
+        if len(dataset) == 0:
+            raise DataError("DataLoader got an empty dataset (0 rows).")
+        self.plan = BatchPlan(
+            num_rows=len(dataset), batch_size=batch_size,
+            min_batch_size=batch_size if min_batch_size is None else min_batch_size,
+            data_world_size=self.device_mesh.data_world_size, shuffle=shuffle,
+            seed=(runtime.seed if runtime.seed is not None else 42) if seed is None else seed,
+        )
+        self.processor: Callable[[list[dict[str, Any]]], Any] | None = None
+        if processor is not None:
+            self.set_processor(processor)
+        self._consumed = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.plan.batch_size
+
+    def set_processor(self, processor_cls: Any, **kwargs: Any) -> None:
+        """Collate each rank's rows with an InputProcessor (instance, class or registered name)."""
+        processor = resolve("processor", processor_cls)
+        if isinstance(processor, type):
+            processor = processor(**kwargs)
+        elif kwargs:
+            raise ValueError("set_processor got a processor instance and settings; set them on the instance instead.")
+        if not callable(processor):
+            raise TypeError(f"{type(processor).__name__} is not callable; a processor maps a list of rows to a batch.")
+        self.processor = processor
+
+    def __len__(self) -> int:
+        """Global batches per epoch."""
+        return self.plan.batches_per_epoch
+
+    @property
+    def epoch(self) -> int:
+        return self._consumed // self.plan.samples_per_epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch, first = self.plan.position(self._consumed)
+        order = self.plan.order(epoch)
+        for batch in range(first, self.plan.batches_per_epoch):
+            rows = self.plan.global_batch(order, batch)
+            mine = self._fetch(self.plan.rank_slice(rows, self.data_rank))
+            self._consumed += len(rows)
+            yield self.processor(mine) if self.processor is not None else mine
+
+    def _fetch(self, indices: list[int]) -> list[dict[str, Any]]:
+        if hasattr(self.dataset, "get_rows"):
+            return self.dataset.get_rows(indices)
+        return [self.dataset[i] for i in indices]
+
+    def get_state(self) -> dict[str, int]:
+        """``{'consumed_train_samples': n}``: global samples handed out so far, across epochs."""
+        return {"consumed_train_samples": self._consumed}
+
+    def resume_from_checkpoint(self, consumed_train_samples: int) -> None:
+        """Continue after ``consumed_train_samples`` global samples, exactly where that run was."""
+        self.plan.position(consumed_train_samples)  # validates before changing anything
+        self._consumed = consumed_train_samples
+
+    def __repr__(self) -> str:
+        return (f"DataLoader(batch_size={self.batch_size}, batches={len(self)}, data_rank={self.data_rank}/"
+                f"{self.device_mesh.data_world_size}, consumed={self._consumed})")

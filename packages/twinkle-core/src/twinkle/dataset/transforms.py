@@ -1,0 +1,130 @@
+"""The batched functions Dataset hands to ``datasets.map`` (picklable, so ``num_proc`` works).
+
+A row that must go (a truncated-away row, a bad row under ``strict=False``) is kept in the map
+output with a reason in DROP_COLUMN and removed afterwards by :func:`drop_marked`, so the
+warning can say how many rows went and why, whichever worker dropped them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from twinkle.dataset.errors import DataError, preview
+from twinkle.log import get_logger
+
+if TYPE_CHECKING:
+    import datasets
+
+DROP_COLUMN = "__twinkle_drop__"
+REASON_SEP = "\t"  # a reason is "category" or "category<TAB>example detail"
+ENCODED_COLUMNS = ("input_ids", "labels", "attention_mask", "position_ids", "length")
+
+
+def to_rows(batch: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
+    columns = list(batch)
+    n = len(batch[columns[0]]) if columns else 0
+    return [{c: batch[c][i] for c in columns} for i in range(n)]
+
+
+class PreprocessBatch:
+    """Apply a Preprocessor row by row; the output replaces the row."""
+
+    def __init__(self, preprocessor: Any, columns: list[str], strict: bool) -> None:
+        self.preprocessor = preprocessor
+        self.columns = columns
+        self.strict = strict
+        self.name = type(preprocessor).__name__
+
+    def __call__(self, batch: Mapping[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {c: [] for c in self.columns}
+        out[DROP_COLUMN] = []
+        for row, index in zip(to_rows(batch), indices):
+            reason = None
+            try:
+                result = self.preprocessor(row)
+            except Exception as exc:
+                message = str(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+                if self.strict:
+                    raise DataError(
+                        f"{self.name} failed on row {index}: {message} Row: {preview(row)}. Fix the row, or pass "
+                        "strict=False to map() to skip and count such rows."
+                    ) from None
+                result, reason = None, f"invalid{REASON_SEP}row {index}: {message}"
+            if result is None and reason is None:
+                reason = f"returned None by {self.name}"
+            if result is not None and not isinstance(result, Mapping):
+                raise DataError(f"{self.name} returned a {type(result).__name__} for row {index}; expected a dict.")
+            for c in self.columns:
+                out[c].append(result.get(c) if result is not None else None)
+            out[DROP_COLUMN].append(reason)
+        return out
+
+
+class RowCall:
+    """Call a plain function on one row, naming the row if it fails.
+
+    For ``map`` the function returns a dict whose keys update the row (``datasets.map`` semantics);
+    for ``filter`` it returns whether to keep the row.
+    """
+
+    def __init__(self, fn: Any, action: str) -> None:
+        self.fn = fn
+        self.action = action
+
+    def __call__(self, row: dict[str, Any], index: int) -> Any:
+        try:
+            return self.fn(row)
+        except Exception as exc:
+            message = str(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+            name = getattr(self.fn, "__name__", type(self.fn).__name__)
+            raise DataError(f"{self.action}({name}) failed on row {index}: {message} Row: {preview(row)}.") from None
+
+
+class EncodeBatch:
+    """Encode rows with a Template; rows it drops are marked with the reason."""
+
+    def __init__(self, template: Any) -> None:
+        self.template = template
+
+    def __call__(self, batch: Mapping[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        results = self.template.batch_encode(to_rows(batch), indices)
+        out: dict[str, list[Any]] = {c: [] for c in (*ENCODED_COLUMNS, DROP_COLUMN)}
+        for encoded, reason in results:
+            for c in ENCODED_COLUMNS:
+                out[c].append(encoded[c] if encoded is not None else ([] if c != "length" else 0))
+            out[DROP_COLUMN].append(reason)
+        return out
+
+
+def encoded_features() -> Any:
+    import datasets
+
+    ids = datasets.Sequence(datasets.Value("int32"))
+    return datasets.Features({
+        "input_ids": ids, "labels": ids, "attention_mask": datasets.Sequence(datasets.Value("int8")),
+        "position_ids": ids, "length": datasets.Value("int32"), DROP_COLUMN: datasets.Value("string"),
+    })
+
+
+def drop_marked(dataset: datasets.Dataset, what: str, num_proc: int | None = None) -> datasets.Dataset:
+    """Remove rows marked in DROP_COLUMN, warning with the count per reason."""
+    column = dataset.data.column(DROP_COLUMN)
+    if column.null_count == len(dataset):
+        return dataset.remove_columns(DROP_COLUMN)
+    counts: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for reason in column.to_pylist():
+        if reason is not None:
+            category, _, example = reason.partition(REASON_SEP)
+            counts[category] += 1
+            examples.setdefault(category, example)
+    kept = dataset.filter(lambda r: [x is None for x in r], input_columns=[DROP_COLUMN], batched=True,
+                          num_proc=num_proc)
+    detail = "; ".join(f"{n} {c}" + (f" (first: {examples[c]})" if examples[c] else "")
+                       for c, n in counts.most_common())
+    get_logger("twinkle.dataset").warning(
+        "%s dropped %d of %d rows (%s).", what, len(dataset) - len(kept), len(dataset), detail
+    )
+    return kept.remove_columns(DROP_COLUMN)

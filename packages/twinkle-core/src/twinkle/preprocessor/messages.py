@@ -1,0 +1,94 @@
+"""The standard conversation format every preprocessor emits and every template reads.
+
+A row is ``{"messages": [{"role", "content", "reasoning_content", "loss"}, ...], "tools": str | None}``.
+``role`` is system | user | assistant | tool; ``reasoning_content`` (optional) is an assistant's
+thinking; ``loss`` (optional bool) forces an assistant turn in or out of training; ``tools`` is a
+JSON list of tool schemas. Every message carries all four keys (None when absent) so the Arrow
+schema is the same for every row and every source, and mixed datasets concatenate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twinkle.dataset.errors import DataError, preview
+
+ROLES = ("system", "user", "assistant", "tool")
+MESSAGE_KEYS = ("role", "content", "reasoning_content", "loss")
+
+
+def message_features() -> Any:
+    """The ``datasets.Features`` of a preprocessed row."""
+    import datasets
+
+    message = {
+        "role": datasets.Value("string"),
+        "content": datasets.Value("string"),
+        "reasoning_content": datasets.Value("string"),
+        "loss": datasets.Value("bool"),
+    }
+    return datasets.Features({"messages": [message], "tools": datasets.Value("string")})
+
+
+def check_messages(messages: Any) -> list[dict[str, Any]]:
+    """Validate a conversation and return it with every message holding exactly MESSAGE_KEYS.
+
+    Raises DataError naming the offending message: not a list, empty, a message that is not a
+    dict, an unknown role, non-string content, a misplaced system turn, no assistant turn, or an
+    assistant turn before any user turn.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise DataError(f"'messages' must be a list of {{'role', 'content'}} dicts, got {preview(messages)}.")
+    if len(messages) == 0:
+        raise DataError("the conversation is empty; it needs at least a user turn and an assistant turn.")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise DataError(f"message {i} is a {type(message).__name__}, not a dict: {preview(message)}.")
+        role = message.get("role")
+        if role not in ROLES:
+            raise DataError(f"message {i} has role {role!r}; roles are {', '.join(ROLES)}.")
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise DataError(f"message {i} ({role}) has content {preview(content)}; content must be a string.")
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise DataError(f"message {i} ({role}) has a non-string reasoning_content: {preview(reasoning)}.")
+        loss = message.get("loss")
+        if loss is not None and not isinstance(loss, bool):
+            raise DataError(f"message {i} ({role}) has loss={loss!r}; use true, false or leave it out.")
+        if role == "system" and i != 0:
+            raise DataError(f"message {i} is a system turn; a system turn may only come first.")
+        out.append({"role": role, "content": content, "reasoning_content": reasoning, "loss": loss})
+    roles = [m["role"] for m in out]
+    if "assistant" not in roles:
+        raise DataError(f"the conversation has no assistant turn (roles: {roles}); there is nothing to train on.")
+    first = next(r for r in roles if r != "system")
+    if first != "user":
+        raise DataError(
+            f"the conversation starts with a {first} turn (roles: {roles}); it must start with a user turn."
+        )
+    return out
+
+
+def tools_json(tools: Any) -> str | None:
+    """Tool schemas as the JSON string the ``tools`` column stores (None when absent)."""
+    if tools is None or tools == "" or tools == []:
+        return None
+    if isinstance(tools, str):
+        try:
+            parsed = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"'tools' is not valid JSON ({exc}): {preview(tools)}.") from None
+    else:
+        parsed = tools
+    if not isinstance(parsed, list) or not all(isinstance(t, Mapping) for t in parsed):
+        raise DataError(f"'tools' must be a list of JSON tool schemas, got {preview(tools)}.")
+    return json.dumps(parsed, ensure_ascii=False)
+
+
+def standard_row(messages: Any, tools: Any = None) -> dict[str, Any]:
+    """A checked row in the standard format."""
+    return {"messages": check_messages(messages), "tools": tools_json(tools)}

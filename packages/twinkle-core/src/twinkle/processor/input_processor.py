@@ -1,0 +1,122 @@
+"""InputProcessor: a list of encoded rows -> the tensor dict a causal LM's forward takes.
+
+Padded (default): ``input_ids``/``labels``/``attention_mask``/``position_ids`` of shape
+``(batch, longest)``; pads are ``pad_token_id``, label -100, mask 0, position 0.
+
+Packed (``padding_free=True``): every row concatenated into one row of shape ``(1, total)``;
+``position_ids`` restart at 0 for each sequence and there is no ``attention_mask`` — the
+convention of HF's ``DataCollatorWithFlattening``, which transformers turns into per-sequence
+attention (varlen FlashAttention, or a block-diagonal mask for sdpa/eager). The first label of
+every sequence is -100 so no position learns to predict across a sequence boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twinkle.dataset.errors import DataError
+
+IGNORE_INDEX = -100
+PADDING_SIDES = ("right", "left")
+
+
+class InputProcessor:
+    """Collate encoded rows (``Template`` output) into tensors, padded or packed, optionally on ``device``.
+
+    ``pad_token_id`` defaults to 0 (the embedded tokenizer's pad); the pad value never matters for
+    the loss since pads are masked and labelled -100. ``InputProcessor.for_template(t)`` takes it
+    from a template's tokenizer.
+    """
+
+    def __init__(
+        self,
+        padding_free: bool = False,
+        pad_token_id: int | None = None,
+        padding_side: str = "right",
+        device: Any = None,
+        pad_to_multiple_of: int | None = None,
+    ) -> None:
+        if padding_side not in PADDING_SIDES:
+            raise ValueError(f"padding_side={padding_side!r}; choose 'right' or 'left'.")
+        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}.")
+        self.padding_free = padding_free
+        self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+        self.padding_side = padding_side
+        self.device = device
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    @classmethod
+    def for_template(cls, template: Any, **kwargs: Any) -> InputProcessor:
+        return cls(pad_token_id=template.pad_token_id, **kwargs)
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        seqs = self._check(rows)
+        batch = self._pack(seqs) if self.padding_free else self._pad(seqs)
+        if self.device is not None:
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+        return batch
+
+    def _check(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[list[int], list[int] | None]]:
+        if isinstance(rows, Mapping) or not isinstance(rows, Sequence) or len(rows) == 0:
+            raise DataError(f"InputProcessor needs a non-empty list of encoded rows, got {type(rows).__name__}.")
+        seqs = []
+        for i, row in enumerate(rows):
+            if not isinstance(row, Mapping) or "input_ids" not in row:
+                fields = list(row) if isinstance(row, Mapping) else type(row).__name__
+                raise DataError(f"row {i} of the batch has no 'input_ids' (got {fields}); encode the dataset with a "
+                                "template first (dataset.set_template(...); dataset.encode()).")
+            ids = [int(x) for x in row["input_ids"]]
+            if not ids:
+                raise DataError(f"row {i} of the batch has empty input_ids.")
+            labels = row.get("labels")
+            if labels is not None:
+                labels = [int(x) for x in labels]
+                if len(labels) != len(ids):
+                    raise DataError(f"row {i}: {len(labels)} labels for {len(ids)} input_ids.")
+            seqs.append((ids, labels))
+        if len({labels is None for _, labels in seqs}) > 1:
+            raise DataError("some rows of the batch have labels and some do not; encode them the same way.")
+        return seqs
+
+    def _pad(self, seqs: list[tuple[list[int], list[int] | None]]) -> dict[str, Any]:
+        import torch
+
+        width = max(len(ids) for ids, _ in seqs)
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        with_labels = seqs[0][1] is not None
+        cols: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": [], "position_ids": []}
+        if with_labels:
+            cols["labels"] = []
+        for ids, labels in seqs:
+            n, pad = len(ids), width - len(ids)
+            parts = {"input_ids": (ids, self.pad_token_id), "attention_mask": ([1] * n, 0),
+                     "position_ids": (list(range(n)), 0)}
+            if with_labels:
+                parts["labels"] = (labels, IGNORE_INDEX)
+            for key, (values, fill) in parts.items():
+                cols[key].append(values + [fill] * pad if self.padding_side == "right" else [fill] * pad + values)
+        return {k: torch.tensor(v, dtype=torch.long) for k, v in cols.items()}
+
+    def _pack(self, seqs: list[tuple[list[int], list[int] | None]]) -> dict[str, Any]:
+        import torch
+
+        ids_all: list[int] = []
+        pos_all: list[int] = []
+        labels_all: list[int] = []
+        for ids, labels in seqs:
+            ids_all += ids
+            pos_all += range(len(ids))
+            if labels is not None:
+                labels_all += [IGNORE_INDEX] + labels[1:]
+        batch = {"input_ids": torch.tensor([ids_all], dtype=torch.long),
+                 "position_ids": torch.tensor([pos_all], dtype=torch.long)}
+        if seqs[0][1] is not None:
+            batch["labels"] = torch.tensor([labels_all], dtype=torch.long)
+        return batch
+
+    def __repr__(self) -> str:
+        return (f"InputProcessor(padding_free={self.padding_free}, pad_token_id={self.pad_token_id}, "
+                f"padding_side={self.padding_side!r}, device={self.device!r})")

@@ -1,0 +1,24 @@
+"""Templates: render standard conversations with a chat template and label the assistant tokens.
+
+Registered by name (``dataset.set_template('Qwen3_5Template')``) through the plugin registry.
+"""
+
+from __future__ import annotations
+
+from twinkle.template.base import Template, load_tokenizer
+from twinkle.template.chatml import ChatMLTemplate
+from twinkle.template.labels import IGNORE_INDEX, TRUNCATION_STRATEGIES
+from twinkle.template.llama import Llama3Template
+from twinkle.template.qwen import Qwen2_5Template, Qwen3_5Template, Qwen3Template
+
+__all__ = [
+    "IGNORE_INDEX",
+    "TRUNCATION_STRATEGIES",
+    "ChatMLTemplate",
+    "Llama3Template",
+    "Qwen2_5Template",
+    "Qwen3Template",
+    "Qwen3_5Template",
+    "Template",
+    "load_tokenizer",
+]

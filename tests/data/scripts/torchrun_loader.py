@@ -1,0 +1,30 @@
+"""Run under torchrun (2 ranks): build the seed-003 dataset on every rank and record each rank's batches."""
+
+import json
+import os
+import sys
+
+import torch.distributed as dist
+
+import twinkle
+from twinkle import DeviceMesh
+from twinkle.dataloader import DataLoader
+from twinkle.dataset import Dataset, DatasetMeta
+from twinkle.preprocessor import SelfCognitionProcessor
+
+out_dir = sys.argv[1]
+runtime = twinkle.initialize(global_device_mesh=DeviceMesh.from_sizes(dp_size=2), seed=7)
+dataset = Dataset(dataset_meta=DatasetMeta("twinkle://self-cognition", data_slice=range(40)))
+dataset.set_template("Qwen3_5Template", model_id="twinkle://tiny-qwen", max_length=128, truncation_strategy="raise")
+dataset.map(SelfCognitionProcessor("twinkle大模型", "ModelScope社区"))
+dataset.encode()
+loader = DataLoader(dataset=dataset, batch_size=8)
+first_two = [[row["input_ids"] for row in batch] for _, batch in zip(range(2), loader)]
+resumed = DataLoader(dataset=dataset, batch_size=8)
+resumed.resume_from_checkpoint(loader.get_state()["consumed_train_samples"])
+rest = [[row["input_ids"] for row in batch] for batch in resumed]
+with open(os.path.join(out_dir, f"rank{runtime.rank}.json"), "w") as f:
+    json.dump({"data_rank": loader.data_rank, "batches": first_two + rest, "len": len(loader),
+               "state": resumed.get_state()}, f)
+dist.barrier()
+dist.destroy_process_group()

@@ -1,0 +1,96 @@
+"""Preprocessors: each raw format to standard messages, and every bad row named with its fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from twinkle.dataset import DataError, Dataset, DatasetMeta
+from twinkle.preprocessor import AlpacaProcessor, MessagesProcessor, SelfCognitionProcessor
+
+
+def _msgs(*pairs):
+    return [{"role": r, "content": c, "reasoning_content": None, "loss": None} for r, c in pairs]
+
+
+def test_self_cognition_fills_names_by_tag():
+    proc = SelfCognitionProcessor(("小星", "Twinkle"), ("魔搭", "ModelScope"))
+    zh = proc({"query": "你是谁？", "response": "我是{{NAME}}，来自{{AUTHOR}}。", "tag": "zh"})
+    en = proc({"query": "who are you?", "response": "I am {{NAME}} by {{AUTHOR}}.", "tag": "en"})
+    untagged = proc({"query": "{{NAME}}是谁开发的？", "response": "{{AUTHOR}}"})
+    assert zh == {"messages": _msgs(("user", "你是谁？"), ("assistant", "我是小星，来自魔搭。")), "tools": None}
+    assert en["messages"][1]["content"] == "I am Twinkle by ModelScope."
+    assert untagged["messages"] == _msgs(("user", "小星是谁开发的？"), ("assistant", "魔搭"))
+    same = SelfCognitionProcessor("twinkle大模型", "ModelScope社区")
+    assert same({"query": "hi", "response": "{{NAME}}/{{AUTHOR}}", "tag": "en"})["messages"][1]["content"] == (
+        "twinkle大模型/ModelScope社区")
+
+
+def test_alpaca_and_messages_formats():
+    alpaca = AlpacaProcessor()
+    assert alpaca({"instruction": "Add", "input": "2 and 2", "output": "4"})["messages"] == _msgs(
+        ("user", "Add\n\n2 and 2"), ("assistant", "4"))
+    assert alpaca({"instruction": "Say hi", "input": "", "output": "hi", "system": "Be kind."})["messages"] == _msgs(
+        ("system", "Be kind."), ("user", "Say hi"), ("assistant", "hi"))
+
+    proc = MessagesProcessor()
+    openai = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "loss": False}]}
+    sharegpt = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}], "system": "S"}
+    out = proc(openai)
+    assert out["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": None, "loss": False}
+    assert proc(sharegpt)["messages"] == _msgs(("system", "S"), ("user", "q"), ("assistant", "a"))
+    tools = [{"type": "function", "function": {"name": "add"}}]
+    assert json.loads(proc({**openai, "tools": json.dumps(tools)})["tools"]) == tools
+    assert MessagesProcessor(system="Default")(openai)["messages"][0]["content"] == "Default"
+
+
+BAD_ROWS = [
+    (SelfCognitionProcessor(), {"response": "r"}, r"needs a 'query' field, but the row has 'response'"),
+    (SelfCognitionProcessor(), {"query": 3, "response": "r"}, r"field 'query' must be a string, got int"),
+    (SelfCognitionProcessor(), {"query": "q", "response": "r", "tag": "fr"}, r"'tag' must be 'zh' or 'en'"),
+    (AlpacaProcessor(), {"instruction": "i", "output": ""}, r"'output' is empty"),
+    (MessagesProcessor(), {"text": "x"}, r"needs a 'messages' or 'conversations' field, but the row has 'text'"),
+    (MessagesProcessor(), {"messages": []}, r"the conversation is empty"),
+    (MessagesProcessor(), {"messages": "hello"}, r"'messages' must be a list of turns"),
+    (MessagesProcessor(), {"messages": [{"role": "user", "content": "q"}]}, r"no assistant turn"),
+    (MessagesProcessor(), {"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "a"}]},
+     r"message 0 \(user\) has content 5; content must be a string"),
+    (MessagesProcessor(), {"messages": [{"role": "bot", "content": "q"}]}, r"message 0 has role 'bot'"),
+    (MessagesProcessor(), {"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}]},
+     r"starts with a assistant turn"),
+    (MessagesProcessor(), {"conversations": [{"from": "alien", "value": "q"}]}, r"from='alien'"),
+    (MessagesProcessor(), {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                           "tools": "{not json"}, r"'tools' is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("proc", "row", "message"), BAD_ROWS)
+def test_bad_rows_raise_naming_the_problem(proc, row, message):
+    with pytest.raises(DataError, match=message):
+        proc(row)
+
+
+def test_map_names_the_bad_row_and_keeps_the_dataset():
+    rows = [{"query": "q", "response": "r"}] * 4 + [{"query": None, "response": "r"}]
+    ds = Dataset(DatasetMeta(data=rows))
+    with pytest.raises(DataError, match=r"SelfCognitionProcessor failed on row 4: .*needs a 'query'.*strict=False"):
+        ds.map(SelfCognitionProcessor())
+    assert ds.column_names == ["query", "response"] and len(ds) == 5
+
+
+def test_strict_false_skips_and_counts_bad_rows(twinkle_log):
+    rows = [{"instruction": "i", "output": "o"}, {"instruction": "i", "output": ""},
+            {"instruction": "j", "output": "p"}, {"instruction": "k", "output": ""}]
+    ds = Dataset(DatasetMeta(data=rows)).map("AlpacaProcessor", strict=False)
+    assert [r["messages"][0]["content"] for r in ds] == ["i", "j"]
+    assert "dropped 2 of 4 rows (2 invalid (first: row 1: AlpacaProcessor: 'output' is empty" in twinkle_log.text
+
+
+def test_plain_function_map_and_filter_update_rows():
+    ds = Dataset(DatasetMeta(data=[{"q": "a", "n": 1}, {"q": "b", "n": 2}, {"q": "c", "n": 3}]))
+    ds.map(lambda row: {"q": row["q"].upper()}).filter(lambda row: row["n"] != 2)
+    assert list(ds) == [{"q": "A", "n": 1}, {"q": "C", "n": 3}]
+    with pytest.raises(DataError, match=r"filter\(<lambda>\) failed on row 1: KeyError"):
+        ds.filter(lambda row: row["n"] == 1 or row["missing"])
+    assert len(ds) == 2
