@@ -1,0 +1,65 @@
+"""Running megatron-core on a machine without CUDA: the adjustments, applied only when CUDA is absent.
+
+megatron-core 0.16 allocates its scratch tensors on ``torch.cuda.current_device()`` (rotary
+frequencies, the tensor-parallel gather buffers, ``GlobalMemoryBuffer``) and seeds layers through a
+CUDA RNG tracker. On a CPU-only torch both raise. :func:`enable` makes, for this process only:
+
+* ``torch.cuda.current_device()`` return ``torch.device('cpu')`` (it could only raise here, so no
+  working code changes behaviour), which sends those allocations to the CPU;
+* the tensor-parallel RNG tracker the inference tracker (no CUDA generator states), with
+  ``torch.manual_seed`` as the only generator.
+
+Hard-coded ``device='cuda'`` sites remain (the pipeline schedules, ``DistributedOptimizer``,
+``clip_grads``, the default causal mask); twinkle never reaches them on CPU: it passes an explicit
+attention mask and trains with a plain torch optimizer there (see docs/megatron.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_saved: dict[str, Any] = {}
+
+
+def needed() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _cpu_device() -> Any:
+    import torch
+
+    return torch.device("cpu")
+
+
+def enable() -> bool:
+    """Apply the adjustments if this process has no CUDA; returns whether they are active. Idempotent."""
+    if not needed():
+        return False
+    import torch
+
+    if "current_device" not in _saved:
+        _saved["current_device"] = torch.cuda.current_device
+        torch.cuda.current_device = _cpu_device
+    reset_rng_tracker()
+    return True
+
+
+def reset_rng_tracker() -> None:
+    """Replace megatron's CUDA RNG tracker by the inference tracker (call after model-parallel init)."""
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+def disable() -> None:
+    """Undo :func:`enable` (tests use it to leave the process as they found it)."""
+    import torch
+
+    if "current_device" in _saved:
+        torch.cuda.current_device = _saved.pop("current_device")
+
+
+def active() -> bool:
+    return "current_device" in _saved

@@ -1,0 +1,1 @@
+"""LoRA on megatron-core's parallel linear layers, saved as PEFT adapters."""

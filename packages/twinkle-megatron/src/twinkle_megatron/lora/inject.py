@@ -1,0 +1,132 @@
+"""Which megatron layers a peft ``LoraConfig`` targets, and putting LoRA adapters on them.
+
+Users write HF module names (the adapter must load on the HF model). megatron fuses q/k/v into
+``linear_qkv`` and gate/up into ``linear_fc1``, so those come in complete sets: a LoRA on
+``q_proj`` alone cannot be expressed without also adapting k and v.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from twinkle_megatron.errors import MegatronConfigError
+from twinkle_megatron.lora.layer import LoraParallelLinear
+
+#: megatron module suffix -> the HF projections it fuses (in HF module names).
+FUSED: dict[str, tuple[str, ...]] = {
+    "self_attention.linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "self_attention.linear_proj": ("o_proj",),
+    "mlp.linear_fc1": ("gate_proj", "up_proj"),
+    "mlp.linear_fc2": ("down_proj",),
+}
+_MEGATRON_NAMES = {suffix.rsplit(".", 1)[1]: suffix for suffix in FUSED}
+_SUPPORTED_FIELDS = {"bias": "none", "use_dora": False, "modules_to_save": None, "layers_to_transform": None}
+
+
+def target_suffixes(config: Any) -> list[str]:
+    """megatron module suffixes for the config's ``target_modules`` (HF or megatron names, or 'all-linear')."""
+    targets = config.target_modules
+    if targets is None:
+        raise MegatronConfigError("LoraConfig.target_modules is empty; name the projections to adapt, e.g. "
+                                  "['q_proj', 'k_proj', 'v_proj', 'o_proj'] or 'all-linear'.")
+    if isinstance(targets, str):
+        if targets != "all-linear":
+            raise MegatronConfigError(f"target_modules={targets!r}: MegatronModel takes a list of module names or "
+                                      "'all-linear' (regular expressions are not mapped).")
+        return list(FUSED)
+    wanted = {t.rsplit(".", 1)[-1] for t in targets}  # peft writes full paths for 'all-linear' adapters
+    chosen = []
+    for suffix, hf in FUSED.items():
+        short = suffix.rsplit(".", 1)[1]
+        present = wanted & set(hf)
+        if short in wanted or present == set(hf):
+            chosen.append(suffix)
+        elif present:
+            raise MegatronConfigError(
+                f"target_modules {sorted(present)} without {sorted(set(hf) - present)}: megatron fuses "
+                f"{', '.join(hf)} into one layer ({short}), so LoRA adapts all of them or none. "
+                f"Add {sorted(set(hf) - present)} or drop {sorted(present)}."
+            )
+    known = {n for hf in FUSED.values() for n in hf} | set(_MEGATRON_NAMES)
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise MegatronConfigError(f"target_modules {unknown} have no megatron layer; MegatronModel can adapt "
+                                  f"{sorted(n for hf in FUSED.values() for n in hf)} (or 'all-linear').")
+    return chosen
+
+
+def hf_target_modules(suffixes: list[str]) -> list[str]:
+    return sorted(n for suffix in suffixes for n in FUSED[suffix])
+
+
+def check_lora_config(config: Any) -> None:
+    """Refuse peft options this LoRA layer does not implement (before anything is changed)."""
+    from peft import LoraConfig
+
+    if not isinstance(config, LoraConfig):
+        raise MegatronConfigError(f"MegatronModel adapters are LoRA: pass a peft LoraConfig, got "
+                                  f"{type(config).__name__}.")
+    for name, allowed in _SUPPORTED_FIELDS.items():
+        value = getattr(config, name, allowed)
+        if value != allowed and not (allowed is None and not value):
+            raise MegatronConfigError(f"LoraConfig({name}={value!r}) is not supported by MegatronModel's LoRA "
+                                      f"layer; leave it at {allowed!r}.")
+    if config.init_lora_weights is not True:
+        raise MegatronConfigError(f"LoraConfig(init_lora_weights={config.init_lora_weights!r}): only the default "
+                                  "(True: Kaiming-uniform A, zero B) is implemented.")
+    if getattr(config, "rank_pattern", None) or getattr(config, "alpha_pattern", None):
+        raise MegatronConfigError("LoraConfig rank_pattern / alpha_pattern are not supported by MegatronModel.")
+
+
+def lora_modules(model: nn.Module) -> dict[str, LoraParallelLinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraParallelLinear)}
+
+
+def _targets(model: nn.Module, suffixes: list[str]) -> dict[str, nn.Module]:
+    found = {}
+    for name, module in model.named_modules():
+        if ".experts." in name or not any(name.endswith(s) for s in suffixes):
+            continue
+        found[name] = module
+    if not found:
+        raise MegatronConfigError(f"No layer of this model matches {suffixes}.")
+    return found
+
+
+def add_lora(model: nn.Module, adapter: str, config: Any, seed: int = 0) -> list[str]:
+    """Wrap the targeted layers (once) and add adapter ``adapter`` to each; returns the module names."""
+    check_lora_config(config)
+    suffixes = target_suffixes(config)
+    targets = _targets(model, suffixes)
+    generator = torch.Generator().manual_seed(seed)
+    for name, module in sorted(targets.items()):
+        if isinstance(module, LoraParallelLinear):
+            layer = module
+        else:
+            layer = LoraParallelLinear(module)
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+        layer.add_adapter(adapter, r=int(config.r), alpha=float(config.lora_alpha),
+                          dropout=float(config.lora_dropout or 0.0), use_rslora=bool(config.use_rslora),
+                          generator=generator)
+    for module in lora_modules(model).values():
+        module.set_adapter(adapter if adapter in module.lora_A else None)
+    return sorted(targets)
+
+
+def set_active(model: nn.Module, adapter: str | None) -> None:
+    """Run ``adapter`` in every LoRA layer (None: the base model only)."""
+    for module in lora_modules(model).values():
+        module.set_adapter(adapter if adapter is not None and adapter in module.lora_A else None)
+
+
+def adapter_parameters(model: nn.Module, adapter: str) -> list[tuple[str, torch.nn.Parameter]]:
+    out = []
+    for name, module in lora_modules(model).items():
+        if adapter in module.lora_A:
+            out += [(f"{name}.lora_A.{adapter}", module.lora_A[adapter]),
+                    (f"{name}.lora_B.{adapter}", module.lora_B[adapter])]
+    return out

@@ -1,0 +1,159 @@
+"""LoRA on megatron-core's ColumnParallelLinear / RowParallelLinear (local or Transformer Engine flavours).
+
+peft 0.21's own megatron layer cannot be used: its dispatcher raises ``KeyError: 'fan_in_fan_out'``
+and its forward feeds the ``(output, bias)`` tuple of a parallel layer into the next linear. This
+layer keeps peft's maths (``y = W x + B A dropout(x) * alpha / r``) and its init (A Kaiming-uniform,
+B zero) and shards like the layer it wraps:
+
+* column-parallel base (output split over TP): A ``[r, in]`` replicated, B ``[out/tp, r]`` split by
+  rows; the A-output passes ``copy_to_tensor_model_parallel_region`` so A's gradient is summed over TP;
+* row-parallel base (input split over TP): A ``[r, in/tp]`` split by columns, its output summed over
+  TP (``reduce_from_tensor_model_parallel_region``); B ``[out, r]`` replicated.
+
+Under sequence parallelism the column input is gathered along the sequence and the row output
+reduce-scattered, as the base layer does. Several adapters live side by side; one is active.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def is_row_parallel(layer: nn.Module) -> bool:
+    """Row-parallel layers (input split over TP) have ``input_is_parallel``; column ones ``gather_output``."""
+    return hasattr(layer, "input_is_parallel") or getattr(layer, "parallel_mode", None) == "row"
+
+
+def _dims(layer: nn.Module) -> tuple[int, int]:
+    """(full input features, full output features) of a megatron parallel linear layer."""
+    if hasattr(layer, "input_size") and hasattr(layer, "output_size"):
+        return int(layer.input_size), int(layer.output_size)
+    weight = layer.weight
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    out, inp = weight.shape
+    return (inp * tp, out) if is_row_parallel(layer) else (inp, out * tp)
+
+
+class LoraParallelLinear(nn.Module):
+    """A megatron parallel linear layer plus LoRA adapters; forward returns ``(output, bias)`` like the base."""
+
+    def __init__(self, base_layer: nn.Module) -> None:
+        super().__init__()
+        from megatron.core import parallel_state
+
+        self.base_layer = base_layer
+        self.row = is_row_parallel(base_layer)
+        self.in_features, self.out_features = _dims(base_layer)
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.sequence_parallel = bool(getattr(base_layer, "sequence_parallel", False))
+        self.lora_A = nn.ParameterDict()
+        self.lora_B = nn.ParameterDict()
+        self.lora_dropout = nn.ModuleDict()
+        self.scaling: dict[str, float] = {}
+        self.r: dict[str, int] = {}
+        self.active_adapter: str | None = None
+
+    def add_adapter(self, name: str, r: int, alpha: float, dropout: float = 0.0, use_rslora: bool = False,
+                    generator: torch.Generator | None = None) -> None:
+        """Create adapter ``name``: A drawn as peft does (on the full matrix, then this rank's slice), B zero."""
+        weight = self.base_layer.weight
+        full_a = torch.empty(r, self.in_features, dtype=torch.float32)
+        bound = 1.0 / math.sqrt(self.in_features)  # kaiming_uniform_(a=sqrt(5)) on a [r, in] matrix
+        full_a.uniform_(-bound, bound, generator=generator)
+        if self.row:
+            a = torch.chunk(full_a, self.tp_size, dim=1)[self.tp_rank].contiguous()
+            b = torch.zeros(self.out_features, r)
+        else:
+            a = full_a
+            b = torch.zeros(self.out_features // self.tp_size, r)
+        self.lora_A[name] = nn.Parameter(a.to(weight.device))
+        self.lora_B[name] = nn.Parameter(b.to(weight.device))
+        self._mark_parallel(name)
+        self.lora_dropout[name] = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.scaling[name] = alpha / math.sqrt(r) if use_rslora else alpha / r
+        self.r[name] = r
+        if self.active_adapter is None:
+            self.active_adapter = name
+
+    def _mark_parallel(self, name: str) -> None:
+        """Tell megatron (grad norm, distributed checkpointing) which LoRA tensors are split over TP."""
+        from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
+
+        split, dim = (self.lora_A[name], 1) if self.row else (self.lora_B[name], 0)
+        set_tensor_model_parallel_attributes(split, True, dim, 1)
+        if self.row and self.sequence_parallel:
+            self.lora_B[name].sequence_parallel = True  # its grad is summed over the sequence shards
+
+    def remove_adapter(self, name: str) -> None:
+        for container in (self.lora_A, self.lora_B, self.lora_dropout):
+            del container[name]
+        self.scaling.pop(name)
+        self.r.pop(name)
+        if self.active_adapter == name:
+            self.active_adapter = next(iter(self.lora_A.keys()), None)
+
+    def set_adapter(self, name: str | None) -> None:
+        if name is not None and name not in self.lora_A:
+            raise KeyError(f"This layer has no adapter {name!r}; it has {list(self.lora_A.keys())}.")
+        self.active_adapter = name
+
+    def _lora_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's real input: Transformer Engine's LayerNorm-Linear normalises inside (RMSNorm here)."""
+        norm_weight = getattr(self.base_layer, "layer_norm_weight", None)
+        if norm_weight is None:
+            return x
+        eps = float(getattr(self.base_layer.config, "layernorm_epsilon", 1e-6))
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        return (normed * norm_weight.float()).to(x.dtype)
+
+    def lora_delta(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        from megatron.core import tensor_parallel as tp
+
+        a, b = self.lora_A[name], self.lora_B[name]
+        x = self.lora_dropout[name](self._lora_input(x)).to(a.dtype)
+        if self.row:
+            hidden = torch.matmul(x, a.t())
+            if self.sequence_parallel:
+                hidden = tp.reduce_scatter_to_sequence_parallel_region(hidden)
+            elif self.tp_size > 1:
+                hidden = tp.reduce_from_tensor_model_parallel_region(hidden)
+            return torch.matmul(hidden, b.t()) * self.scaling[name]
+        if self.sequence_parallel:
+            x = tp.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False)
+        hidden = torch.matmul(x, a.t())
+        if self.tp_size > 1:
+            hidden = tp.copy_to_tensor_model_parallel_region(hidden)
+        return torch.matmul(hidden, b.t()) * self.scaling[name]
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = self.base_layer(x, *args, **kwargs)
+        name = self.active_adapter
+        if name is None:
+            return out
+        result, bias = out if isinstance(out, tuple) else (out, None)
+        if not self.row and getattr(self.base_layer, "gather_output", False):
+            raise NotImplementedError("LoRA on a column-parallel layer with gather_output=True is not supported.")
+        delta = self.lora_delta(x, name)
+        result = result + delta.to(result.dtype)
+        return (result, bias) if isinstance(out, tuple) else result
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> Any:
+        """Base layer's shards plus LoRA tensors (split ones along their TP dim), for dist-checkpointing."""
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        state = self.base_layer.sharded_state_dict(f"{prefix}base_layer.", sharded_offsets, metadata)
+        lora = {}
+        axis = {}
+        for name in self.lora_A.keys():
+            lora[f"lora_A.{name}"] = self.lora_A[name]
+            lora[f"lora_B.{name}"] = self.lora_B[name]
+            axis[f"lora_A.{name}" if self.row else f"lora_B.{name}"] = 1 if self.row else 0
+        state.update(make_sharded_tensors_for_checkpoint(lora, prefix, axis, sharded_offsets))
+        return state

@@ -1,0 +1,111 @@
+"""A megatron LoRA adapter <-> a PEFT adapter directory that ``PeftModel.from_pretrained`` loads on the HF model.
+
+File keys are PEFT's (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``); the fused
+``linear_qkv`` / ``linear_fc1`` adapters are split with the same layouts as the weights
+(``bridge/layout.py``), their shared A repeated for each projection.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from twinkle.checkpoint import CheckpointError
+from twinkle_megatron.bridge.config import ModelArgs
+from twinkle_megatron.bridge.layout import to_hf, to_mcore
+from twinkle_megatron.bridge.naming import LAYER_PREFIX, module_key
+from twinkle_megatron.bridge.shard import shard
+from twinkle_megatron.bridge.transfer import RankLayout, gather_tp
+from twinkle_megatron.lora.inject import hf_target_modules, lora_modules
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+PEFT_PREFIX = "base_model.model."
+
+
+def _canonical_modules(model: nn.Module, adapter: str, layout: RankLayout) -> list[str]:
+    """Canonical (global-layer) names of the modules carrying ``adapter`` on this rank."""
+    out = []
+    offset = layout.layers.start if layout.layers else 0
+    for name, module in lora_modules(model).items():
+        if adapter not in module.lora_A:
+            continue
+        found = LAYER_PREFIX.match(name)
+        if found is None:
+            raise CheckpointError(f"LoRA layer {name!r} is outside the decoder layers; it cannot be exported.")
+        out.append(f"decoder.layers.{int(found.group(1)) + offset}." + name[found.end():])
+    return sorted(out)
+
+
+def canonical_tensor_names(model: nn.Module, adapter: str, layout: RankLayout) -> list[str]:
+    return [f"{m}.lora_{ab}.weight" for m in _canonical_modules(model, adapter, layout) for ab in "AB"]
+
+
+def export_adapter(model: nn.Module, adapter: str, args: ModelArgs, layout: RankLayout) -> dict[str, torch.Tensor]:
+    """This stage's adapter tensors under PEFT file keys (full across TP)."""
+    state = model.state_dict(keep_vars=True)
+    keys = set(state)
+    out: dict[str, torch.Tensor] = {}
+    for name in canonical_tensor_names(model, adapter, layout):
+        local = state[module_key(name, keys, layout.placement, adapter)].detach()
+        for hf_name, tensor in to_hf(name, gather_tp(name, local, layout), args).items():
+            out[PEFT_PREFIX + hf_name] = tensor
+    return out
+
+
+def import_adapter(model: nn.Module, adapter: str, tensors: dict[str, torch.Tensor], args: ModelArgs,
+                   layout: RankLayout, where: str) -> None:
+    """Load PEFT-keyed tensors into adapter ``adapter``; every name and shape is checked before copying."""
+    hf = {k[len(PEFT_PREFIX):] if k.startswith(PEFT_PREFIX) else k: v for k, v in tensors.items()}
+    state = model.state_dict(keep_vars=True)
+    keys = set(state)
+    names = canonical_tensor_names(model, adapter, layout)
+    planned = []
+    for name in names:
+        try:
+            full = to_mcore(name, hf, args, layout.padded_vocab)
+        except KeyError as exc:
+            raise CheckpointError(f"{where} lacks the LoRA tensor {exc} that adapter {adapter!r} needs; it was saved "
+                                  "with other target_modules.") from None
+        target = state[module_key(name, keys, layout.placement, adapter)]
+        piece = shard(name, full, layout.tp_rank, layout.tp_size)
+        if tuple(piece.shape) != tuple(target.shape):
+            raise CheckpointError(f"{where}: {name} has shape {tuple(piece.shape)} for this rank, the adapter has "
+                                  f"{tuple(target.shape)} (different r?).")
+        planned.append((target, piece))
+    with torch.no_grad():
+        for target, piece in planned:
+            target.data.copy_(piece.to(dtype=target.dtype, device=target.device))
+
+
+def adapter_config(config: Any, suffixes: list[str], base_model: str | None) -> Any:
+    """The peft LoraConfig to write: HF target names, inference mode, causal-LM task."""
+    out = copy.deepcopy(config)
+    out.target_modules = set(hf_target_modules(suffixes))
+    out.inference_mode = True
+    out.base_model_name_or_path = base_model
+    out.task_type = out.task_type or "CAUSAL_LM"
+    return out
+
+
+def write_adapter(directory: Path, tensors: dict[str, torch.Tensor], config: Any) -> None:
+    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(directory / ADAPTER_WEIGHTS),
+              metadata={"format": "pt"})
+    config.save_pretrained(str(directory))
+
+
+def read_adapter(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    weights, config = directory / ADAPTER_WEIGHTS, directory / ADAPTER_CONFIG
+    if not weights.is_file() or not config.is_file():
+        raise CheckpointError(f"{str(directory)!r} is not a PEFT adapter directory ({ADAPTER_WEIGHTS} and "
+                              f"{ADAPTER_CONFIG} are needed).")
+    try:
+        return load_file(str(weights)), json.loads(config.read_text(encoding="utf-8"))
+    except Exception as exc:
+        raise CheckpointError(f"Could not read the adapter in {str(directory)!r}: {exc}") from exc

@@ -1,0 +1,76 @@
+"""Writing a MegatronModel's weights as HF files: a ``save_pretrained`` directory or a PEFT adapter directory.
+
+Full model: the tensors of a pipeline stage are gathered over TP on every TP rank, and written by
+the ranks with ``tp == cp == 0`` and a data-parallel rank below ``ep_size`` (the first ``ep_size``
+data-parallel ranks hold different experts, rank 0 also the dense tensors). One writer gives
+``model.safetensors``; several give ``model-pp000-ep000.safetensors``... plus the index. Adapters are
+small: they are gathered on rank 0 and written there.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from twinkle_megatron.bridge.hf_io import tensor_bytes, write_index, write_part
+from twinkle_megatron.bridge.transfer import export_from
+from twinkle_megatron.lora.peft_io import adapter_config, export_adapter, write_adapter
+from twinkle_megatron.model.shared_save import gather_to_rank0, rank
+
+
+def _is_expert(name: str) -> bool:
+    return ".mlp.experts." in name
+
+
+def _writer(model: Any) -> tuple[bool, bool]:
+    """(writes expert tensors, writes dense tensors) for this rank."""
+    r = model.ranks
+    base = r.tp == 0 and r.cp == 0
+    return base and r.dp < model.sizes.ep, base and r.dp == 0
+
+
+def hf_config_for_save(model: Any, dtype: torch.dtype) -> Any:
+    config = copy.deepcopy(model.hf_config)
+    config.architectures = [model.args.family.architecture]
+    config.dtype = dtype
+    return config
+
+
+def write_full(model: Any, directory: Path) -> None:
+    """Every rank calls this (TP gathers are collective); writers write, rank 0 adds config and index."""
+    tensors = export_from(model.gpt, model.args, model.layout)
+    experts, dense = _writer(model)
+    mine = {k: v for k, v in tensors.items() if (experts and _is_expert(k)) or (dense and not _is_expert(k))}
+    single = model.sizes.pp == 1 and model.sizes.ep == 1
+    part = None if single else f"pp{model.ranks.pp:03d}-ep{model.ranks.ep:03d}"
+    record = None
+    if mine:
+        file = write_part(directory, mine, part)
+        record = (file, sorted(mine), tensor_bytes(mine))
+    records = gather_to_rank0(record)
+    if rank() != 0:
+        return
+    dtype = next(iter(tensors.values())).dtype if tensors else torch.float32
+    hf_config_for_save(model, dtype).save_pretrained(str(directory))
+    if not single:
+        written = [r for r in records if r is not None]
+        weight_map = {key: file for file, keys, _ in written for key in keys}
+        write_index(directory, weight_map, sum(size for _, _, size in written))
+
+
+def write_adapter_dir(model: Any, adapter: str, directory: Path) -> None:
+    """PEFT ``adapter_model.safetensors`` + ``adapter_config.json`` (rank 0 writes)."""
+    tensors = export_adapter(model.gpt, adapter, model.args, model.layout)
+    _, dense = _writer(model)
+    pieces = gather_to_rank0({k: v.cpu() for k, v in tensors.items()} if dense else {})
+    if rank() != 0:
+        return
+    merged: dict[str, torch.Tensor] = {}
+    for piece in pieces:
+        merged.update(piece)
+    info = model.adapters[adapter]
+    base = model.model_id if isinstance(model.model_id, str) else None
+    write_adapter(directory, merged, adapter_config(info["config"], info["suffixes"], base))

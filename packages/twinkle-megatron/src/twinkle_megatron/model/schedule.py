@@ -1,0 +1,89 @@
+"""forward_backward through megatron-core's forward-backward schedule (CUDA).
+
+The batch is split by rows into ``num_microbatches``; ``get_forward_backward_func()`` picks the
+no-pipelining or the 1F1B pipelined schedule from the parallel state. The twinkle loss runs on
+the last pipeline stage and returns ``(loss sum, token count, report)``: with
+``calculate_per_token_loss`` megatron back-propagates the sum, and the accumulation boundary
+divides by all tokens of the window (``drivers.finalize``). Gradient synchronisation is deferred
+to that boundary (``finalize_model_grads``), so several forward_backward calls accumulate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import torch
+
+from twinkle.model.optimizer_group import OptimizerGroup
+from twinkle_megatron.errors import MegatronConfigError
+from twinkle_megatron.model.inputs import count_tokens, to_device
+
+
+def split_rows(batch: Mapping[str, Any], parts: int) -> list[dict[str, Any]]:
+    """``parts`` micro-batches of consecutive rows (every tensor with the batch's row count is split)."""
+    rows = batch["input_ids"].shape[0]
+    if parts < 1 or rows % parts:
+        raise MegatronConfigError(f"num_microbatches={parts} must divide the batch's {rows} rows.")
+    size = rows // parts
+    out = []
+    for i in range(parts):
+        out.append({k: v[i * size:(i + 1) * size] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows
+                    else v for k, v in batch.items()})
+    return out
+
+
+def _loss_func(model: Any, group: OptimizerGroup, batch: dict[str, Any], output: torch.Tensor) -> tuple:
+    outputs = {"logits": output[..., : model.vocab_size]}
+    total, items = model._compute_loss(group, batch, outputs, {})
+    items_t = torch.as_tensor(items, device=total.device).reshape(()).to(torch.int64)
+    group.record_forward(batch, {"logits": outputs["logits"].detach()}, count_tokens(batch), True)
+    group.record_loss(total.detach(), items_t, True)
+    report = torch.stack([total.detach().float(), items_t.float()])
+    return total, items_t, {"loss": report}
+
+
+def _forward_step(model: Any, group: OptimizerGroup, data_iterator: Any, module: torch.nn.Module) -> tuple:
+    batch = to_device(next(data_iterator), model.device)
+    output = module(batch["input_ids"], None, model._mask(batch), runtime_gather_output=True)
+    return output, partial(_loss_func, model, group, batch)
+
+
+def _pipeline_sum(values: torch.Tensor) -> torch.Tensor:
+    """Loss sum and token count live on the last stage; give every pipeline stage the same numbers."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        torch.distributed.broadcast(values, src=ps.get_pipeline_model_parallel_last_rank(),
+                                    group=ps.get_pipeline_model_parallel_group())
+    return values
+
+
+def schedule_forward_backward(model: Any, group: OptimizerGroup, inputs: Any, num_microbatches: int,
+                              kwargs: dict[str, Any]) -> float:
+    """Run the schedule over ``inputs``; returns the per-token mean loss (the same on every rank)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if kwargs:
+        raise TypeError(f"forward_backward got unexpected arguments {sorted(kwargs)}; it takes inputs=, "
+                        "adapter_name=, num_microbatches=, gradient_accumulation_steps=.")
+    batch = model._prepare(group, inputs)
+    micro = split_rows(batch, num_microbatches)
+    model.model.train(True)
+    model._activate(group)
+    results = get_forward_backward_func()(
+        forward_step_func=partial(_forward_step, model, group), data_iterator=iter(micro), model=[model.model],
+        num_microbatches=num_microbatches, seq_length=batch["input_ids"].shape[1],
+        micro_batch_size=micro[0]["input_ids"].shape[0], forward_only=False,
+    )
+    sums = torch.zeros(2, device=model.device)
+    for report in results:
+        sums += report["loss"].to(sums.device)
+    sums = _pipeline_sum(sums)
+    items = int(sums[1].item())
+    group.last_task = "causal_lm"
+    group.record_backward(items)
+    group.last_outputs = None
+    group.last_loss = None
+    return float(sums[0]) / max(items, 1)

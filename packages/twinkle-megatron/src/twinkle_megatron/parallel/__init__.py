@@ -1,0 +1,1 @@
+"""DeviceMesh -> megatron-core parallel sizes and process groups."""

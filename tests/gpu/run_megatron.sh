@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# MegatronModel's GPU checks on one CUDA GPU, in one go (< 8 minutes on an H100/H200):
+#   tp=pp=1 training through megatron-core's schedule with loss falling; the schedule with 4 micro-batches
+#   equal to one batch; distributed-optimizer save/resume continuing the same losses; LoRA through the
+#   schedule saved as a PEFT adapter; and, when transformer-engine[pytorch] imports, Qwen3-MoE logits and an
+#   fp8 step.
+# Usage: tests/gpu/run_megatron.sh [python]   (default: the hatch "test" environment, else python3)
+# --check: verify the script's own prerequisites and that the tests collect (runs on CPU too).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  if command -v hatch >/dev/null 2>&1 && ENV_DIR="$(hatch env find test 2>/dev/null)" && [[ -x "$ENV_DIR/bin/python" ]]; then
+    PY="$ENV_DIR/bin/python"
+  else
+    PY="python3"
+  fi
+fi
+
+TESTS=tests/gpu/test_megatron_gpu.py
+
+if [[ "${1:-}" == "--check" ]]; then
+  "$PY" -c "import megatron.core, twinkle_megatron, peft, transformers" >/dev/null
+  "$PY" -m pytest "$TESTS" --collect-only -q -m gpu
+  exit 0
+fi
+
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "run_megatron.sh: no CUDA device visible to $PY; these checks need a GPU." >&2
+  exit 2
+fi
+"$PY" - <<'EOF'
+import torch
+from twinkle_megatron.te import import_te
+te, why = import_te()
+print(f"GPU: {torch.cuda.get_device_name(0)} | torch {torch.__version__} | "
+      f"transformer-engine: {'yes' if te is not None else 'no (' + why + ')'}")
+EOF
+exec timeout 480 "$PY" -m pytest "$TESTS" -m gpu -q -p no:cacheprovider -rs --durations=10

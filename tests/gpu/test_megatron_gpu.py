@@ -1,0 +1,172 @@
+"""MegatronModel on one CUDA GPU: the paths a CPU cannot run. Run by tests/gpu/run_megatron.sh.
+
+Megatron DDP + the distributed optimizer, megatron-core's forward-backward schedule over
+micro-batches, distributed-checkpoint save/resume, LoRA through the schedule, Qwen3-MoE and fp8
+(both need Transformer Engine). Models are tiny (hidden 128, 2 layers) so the whole file runs in
+a few minutes; dimensions are multiples of 16 for fp8.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (hardware)")]
+
+VOCAB = 256
+
+
+def _te_available() -> bool:
+    from twinkle_megatron.te import te_available
+
+    return te_available()
+
+
+needs_te = pytest.mark.skipif(not torch.cuda.is_available() or not _te_available(),
+                              reason="needs transformer-engine[pytorch] on the GPU machine")
+
+
+def hf_checkpoint(directory: Path, family: str = "qwen2", seed: int = 0) -> Path:
+    import transformers
+
+    kwargs = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256, tie_word_embeddings=False)
+    if family == "qwen3_moe":
+        kwargs.update(head_dim=32, moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
+    config = getattr(transformers, {"qwen2": "Qwen2Config", "qwen3_moe": "Qwen3MoeConfig"}[family])(**kwargs)
+    torch.manual_seed(seed)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(str(directory))
+    return directory
+
+
+def batch(seed: int, rows: int = 8, length: int = 32) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (rows, length), generator=gen)
+    labels = ids.clone()
+    labels[:, :4] = -100
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def model(path: Path, **kwargs):
+    from twinkle.model import MegatronModel
+
+    return MegatronModel(model_id=str(path), **kwargs)
+
+
+def test_tp1_training_through_the_schedule_lowers_the_loss(tmp_path):
+    m = model(hf_checkpoint(tmp_path / "hf"), mixed_precision="bf16")
+    m.set_optimizer("default", lr=1e-3)
+    m.set_lr_scheduler("default", lr_warmup_steps=2, lr_decay_steps=20, lr_decay_style="cosine")
+    assert "DistributedOptimizer" in m.get_train_configs()
+    fixed = batch(seed=1)
+    losses = []
+    for _ in range(12):
+        losses.append(m.forward_backward(inputs=fixed, num_microbatches=2))
+        m.clip_grad_and_step(1.0)
+    assert losses[-1] < losses[0] - 0.5, losses
+    metrics = m.calculate_metric(True)
+    assert metrics["grad_norm"] > 0 and metrics["step"] == 12
+
+
+def test_four_microbatches_give_the_loss_and_gradient_of_one_batch(tmp_path):
+    path = hf_checkpoint(tmp_path / "hf")
+    data = batch(seed=2)
+    data["labels"][0, 10:] = -100  # unequal token counts per micro-batch: the mean must be token-weighted
+    norms, losses = [], []
+    for micro in (1, 4):
+        m = model(path, mixed_precision="no")
+        m.set_optimizer("default", lr=1e-3)
+        losses.append(m.forward_backward(inputs=data, num_microbatches=micro))
+        norms.append(m.clip_grad_norm(1.0))
+    from transformers import AutoModelForCausalLM
+
+    from twinkle.loss import CrossEntropyLoss
+
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda()
+    on_gpu = {k: v.cuda() for k, v in data.items()}
+    with torch.no_grad():
+        ref = CrossEntropyLoss()(on_gpu, {"logits": hf(input_ids=on_gpu["input_ids"]).logits})
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] == pytest.approx(ref.item(), rel=1e-4)
+    assert norms[0] == pytest.approx(norms[1], rel=1e-4)
+
+
+def _run(m, start: int, steps: int) -> list[float]:
+    out = []
+    for step in range(start, start + steps):
+        out.append(m.forward_backward(inputs=batch(seed=100 + step), num_microbatches=2))
+        m.clip_grad_and_step(1.0)
+    return out
+
+
+def _fresh(path: Path):
+    m = model(path, mixed_precision="bf16")
+    m.set_optimizer("default", lr=1e-3, weight_decay=0.01)
+    m.set_lr_scheduler("default", lr_warmup_steps=1, lr_decay_steps=6, lr_decay_style="linear")
+    return m
+
+
+def test_distributed_optimizer_save_and_resume_continue_the_same_losses(tmp_path):
+    path = hf_checkpoint(tmp_path / "hf")
+    straight = _run(_fresh(path), 0, 4)
+    first = _fresh(path)
+    head = _run(first, 0, 2)
+    checkpoint = first.save("step-2", output_dir=str(tmp_path), save_optimizer=True, consumed_train_samples=16)
+    assert (Path(checkpoint) / "optimizer_dist").is_dir() and (Path(checkpoint) / "scheduler.pt").is_file()
+    resumed = _fresh(Path(checkpoint))
+    assert resumed.resume_from_checkpoint(checkpoint)["cur_step"] == 2
+    tail = _run(resumed, 2, 2)
+    assert head + tail == pytest.approx(straight, rel=1e-5, abs=1e-5)
+
+
+def test_lora_through_the_schedule_trains_and_saves_a_peft_adapter(tmp_path):
+    from peft import LoraConfig, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    path = hf_checkpoint(tmp_path / "hf")
+    m = model(path, mixed_precision="no")
+    m.add_adapter_to_model("a", LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    m.set_optimizer("default", lr=1e-2, adapter_name="a")
+    fixed = batch(seed=3)
+    losses = []
+    for _ in range(7):
+        losses.append(m.forward_backward(inputs=fixed, num_microbatches=2))
+        m.clip_grad_and_step(1.0)
+    assert losses[-1] < losses[0] - 0.05, losses
+    saved = m.save("adapter", output_dir=str(tmp_path))
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32),
+                                           saved).cuda().eval()
+    probe = batch(seed=4, rows=2)
+    with torch.no_grad():
+        ref = peft_model(input_ids=probe["input_ids"].cuda()).logits
+    ours = m.forward_only(inputs=probe)["logits"]
+    assert (ours.float() - ref).abs().max() <= 1e-3
+
+
+@needs_te
+def test_qwen3_moe_logits_match_hf(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = hf_checkpoint(tmp_path / "hf", family="qwen3_moe")
+    m = model(path, mixed_precision="no")
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
+    probe = batch(seed=5, rows=2)
+    with torch.no_grad():
+        ref = hf(input_ids=probe["input_ids"].cuda()).logits
+    assert (m.forward_only(inputs=probe)["logits"] - ref).abs().max() <= 1e-3
+
+
+@needs_te
+def test_fp8_training_step(tmp_path):
+    m = model(hf_checkpoint(tmp_path / "hf"), mixed_precision="fp8")
+    assert m.transformer_config.fp8 == "hybrid"
+    m.set_optimizer("default", lr=1e-3)
+    first = m.forward_backward(inputs=batch(seed=6), num_microbatches=2)
+    m.clip_grad_and_step(1.0)
+    assert first == first and 0 < first < 20  # finite
+    assert m.calculate_metric(True)["step"] == 1
