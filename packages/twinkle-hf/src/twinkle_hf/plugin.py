@@ -8,3 +8,15 @@ from twinkle.hookspecs import hookimpl
 @hookimpl
 def register_models():
     return {"TransformersModel": "twinkle_hf.model:TransformersModel"}
+
+
+@hookimpl
+def register_kernels():
+    # liger-kernel choices (cuda only); see twinkle_hf/kernels/liger_choices.py
+    names = ("rms_norm", "swiglu", "rotary_embedding", "fused_linear_cross_entropy")
+    return {f"liger.{op}": f"twinkle_hf.kernels.liger_choices:LIGER_{op.upper()}" for op in names}
+
+
+@hookimpl
+def register_losses():
+    return {"LigerFusedLinearCrossEntropyLoss": "twinkle_hf.kernels.fused_ce_loss:LigerFusedLinearCrossEntropyLoss"}
