@@ -3,9 +3,11 @@
 A TwinkleModel owns, per *optimizer group*, an optimizer, an lr scheduler, a loss, metrics, a
 template, an input processor, a gradient-accumulation count and a step counter. Each LoRA
 adapter is its own group and the full model (no adapter) is one too, so every method takes
-``adapter_name``; with a single group it may be omitted. Anything that implements this class
-works with twinkle's DataLoader, Trainer and runtime, whatever it wraps (HF Transformers,
-Megatron-Core, or a third party's engine).
+``adapter_name``; with a single group it may be omitted, and an unknown name is an error. The
+full-model group is named ``'default'`` (``twinkle.model.optimizer_group.DEFAULT_GROUP``); groups
+are :class:`twinkle.model.optimizer_group.OptimizerGroup` objects in ``model.optimizer_group``.
+Anything that implements this class works with twinkle's DataLoader, Trainer and runtime,
+whatever it wraps (HF Transformers, Megatron-Core, or a third party's engine).
 
 Gradient accumulation contract: with ``gradient_accumulation_steps=N``, ``clip_grad_norm``,
 ``step``, ``zero_grad`` and ``lr_step`` act only on every N-th call and are no-ops in between, and

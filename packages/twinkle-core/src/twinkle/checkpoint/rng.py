@@ -1,0 +1,56 @@
+"""Capture and restore every random generator a training step may draw from."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from twinkle.checkpoint.errors import CheckpointError
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and (when present) CUDA generator states, in torch-loadable form.
+
+    NumPy's key array is stored as a tensor so ``torch.load(weights_only=True)`` can read it back.
+    """
+    import numpy as np
+    import torch
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": _python_state_to_lists(random.getstate()),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back what :func:`capture_rng_state` returned."""
+    import numpy as np
+    import torch
+
+    try:
+        version, internal, gauss = state["python"]
+        python_state = (version, tuple(internal), gauss)
+        np_state = state["numpy"]
+        numpy_state = (np_state["kind"], np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                       np_state["has_gauss"], np_state["cached_gaussian"])
+        torch_state = state["torch"]
+        if not isinstance(torch_state, torch.Tensor) or torch_state.dtype != torch.uint8:
+            raise TypeError("torch generator state must be a uint8 tensor")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"The saved RNG state is malformed ({type(exc).__name__}: {exc}).") from exc
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(torch_state)
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _python_state_to_lists(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]

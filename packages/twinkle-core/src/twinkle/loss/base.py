@@ -1,0 +1,54 @@
+"""The Loss base class: sum + item count, so accumulation can weight micro-batches exactly."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+IGNORE_INDEX = -100
+REDUCTIONS = ("mean", "sum")
+
+
+class Loss(ABC):
+    """Base class of twinkle losses.
+
+    Subclasses implement :meth:`compute`, returning ``(sum of item losses, number of items)``;
+    an item is whatever the mean averages over (a trained token for cross-entropy, a query for
+    InfoNCE). ``loss(inputs, outputs)`` then returns the sum or the mean per ``reduction``.
+    """
+
+    def __init__(self, reduction: str = "mean") -> None:
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
+        self.reduction = reduction
+
+    @abstractmethod
+    def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        """``(sum of per-item losses, number of items)`` for one batch.
+
+        The count may be an int or a 0-dim tensor; a tensor avoids a device-to-host sync.
+        """
+
+    def __call__(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> torch.Tensor:
+        total, items = self.compute(inputs, outputs, **kwargs)
+        if self.reduction == "sum":
+            return total
+        return total / (items.clamp(min=1) if isinstance(items, torch.Tensor) else max(items, 1))
+
+
+def output_field(outputs: Any, name: str) -> Any:
+    """``outputs[name]`` for dicts and HF ModelOutput alike, with an error naming what is there."""
+    if isinstance(outputs, Mapping):
+        if name in outputs:
+            return outputs[name]
+        have = list(outputs.keys())
+    else:
+        value = getattr(outputs, name, None)
+        if value is not None:
+            return value
+        have = [k for k in dir(outputs) if not k.startswith("_")]
+    raise KeyError(f"The model outputs have no {name!r} (they have: {', '.join(map(str, have))}). "
+                   "Check the task= of the forward and the loss set with set_loss().")

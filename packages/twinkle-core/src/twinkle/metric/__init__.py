@@ -1,0 +1,20 @@
+"""Metrics accumulated by a model's forward passes and returned as plain numbers.
+
+A model feeds each metric of a group with every forward (:meth:`Metric.update`) and every
+computed loss (:meth:`Metric.update_loss`); ``calculate_metric`` returns :meth:`Metric.compute`
+merged over the group's metrics plus the step numbers (grad_norm, lr, tokens/s, step) that the
+group itself tracks, then resets them.
+"""
+
+from __future__ import annotations
+
+from twinkle.metric.accuracy import TokenAccuracy
+from twinkle.metric.base import Metric
+from twinkle.metric.loss_metric import LossMetric
+
+__all__ = ["LossMetric", "Metric", "TokenAccuracy", "default_metrics"]
+
+
+def default_metrics() -> list[Metric]:
+    """The metrics every group starts with: the token-weighted loss and next-token accuracy."""
+    return [LossMetric(), TokenAccuracy()]

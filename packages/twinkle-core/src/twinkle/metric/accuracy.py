@@ -1,0 +1,50 @@
+"""Next-token accuracy on trained tokens (labels != -100), reported as ``token_accuracy``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from twinkle.metric.base import Metric
+
+IGNORE_INDEX = -100
+
+
+def _logits(outputs: Any) -> Any:
+    if isinstance(outputs, Mapping):
+        return outputs.get("logits")
+    return getattr(outputs, "logits", None)
+
+
+class TokenAccuracy(Metric):
+    """Share of trained tokens whose arg-max prediction equals the label.
+
+    Batches without logits or labels (an embedding forward, say) are skipped.
+    """
+
+    def __init__(self, name: str = "token_accuracy", ignore_index: int = IGNORE_INDEX) -> None:
+        self.name = name
+        self.ignore_index = ignore_index
+        self.reset()
+
+    def update(self, inputs: Mapping[str, Any], outputs: Any) -> None:
+        logits = _logits(outputs)
+        labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
+        if logits is None or labels is None or logits.dim() < 2:
+            return
+        labels = labels.to(logits.device)[..., 1:]
+        predictions = logits.detach().argmax(dim=-1)[..., :-1]
+        mask = labels != self.ignore_index
+        correct = ((predictions == labels) & mask).sum()
+        total = mask.sum()
+        self._correct = correct if self._correct is None else self._correct + correct
+        self._total = total if self._total is None else self._total + total
+
+    def compute(self) -> dict[str, float]:
+        if self._total is None or int(self._total) == 0:
+            return {}
+        return {self.name: float(self._correct) / float(self._total)}
+
+    def reset(self) -> None:
+        self._correct: Any = None
+        self._total: Any = None

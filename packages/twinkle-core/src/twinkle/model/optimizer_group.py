@@ -1,0 +1,215 @@
+"""OptimizerGroup: the training state of one adapter (or of the full model), backend-neutral.
+
+Every TwinkleModel keeps ``optimizer_group: dict[str, OptimizerGroup]``. A group owns its
+optimizer, lr scheduler, loss, metrics, template, processor and scaler, and the bookkeeping of
+gradient accumulation, which lives here so every backend gets the same semantics:
+
+* ``backward`` divides each micro-batch's loss *sum* by the item (token) count of the window's
+  first micro-batch (:meth:`backward_divisor`), keeping gradient magnitudes at the usual
+  per-token-mean scale (fp16 friendly);
+* on the boundary the gradients are multiplied by :meth:`grad_rescale`
+  (``first items / all items of the window``), so the applied gradient is exactly that of the
+  window's micro-batches taken as one token-weighted batch. With one micro-batch per step the
+  factor is 1 and nothing is touched;
+* ``clip_grad_norm`` / ``step`` act only on a boundary, ``zero_grad`` only right after a step (or
+  on a boundary), ``lr_step`` once per optimizer step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from twinkle.metric import Metric, default_metrics
+
+#: Name of the group that trains the whole model (no adapter). It is also peft's default adapter
+#: name, so ``add_adapter_to_model('default', ...)`` replaces it naturally.
+DEFAULT_GROUP = "default"
+
+
+def at_least_one(count: Any) -> Any:
+    """``max(count, 1)`` for ints and device tensors alike (no host sync for tensors)."""
+    return count.clamp(min=1) if hasattr(count, "clamp") else max(int(count), 1)
+
+
+def check_accumulation_steps(value: Any) -> int:
+    """``gradient_accumulation_steps`` must be a positive int; say so clearly otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}.")
+    return value
+
+
+@dataclass
+class _Throughput:
+    """Tokens seen since the window started, for tokens/s."""
+
+    tokens: Any = 0
+    started: float | None = None
+
+    def add(self, tokens: Any) -> None:
+        if self.started is None:
+            self.started = time.perf_counter()
+        self.tokens = self.tokens + tokens
+
+    def rate(self) -> float | None:
+        if self.started is None:
+            return None
+        elapsed = time.perf_counter() - self.started
+        return float(self.tokens) / elapsed if elapsed > 0 else None
+
+    def reset(self) -> None:
+        self.tokens, self.started = 0, None
+
+
+@dataclass
+class OptimizerGroup:
+    """Per-adapter training state; see the module docstring for the accumulation contract."""
+
+    name: str
+    is_adapter: bool = False
+    optimizer: Any = None
+    lr_scheduler: Any = None
+    loss: Any = None
+    train_metrics: list[Metric] = field(default_factory=default_metrics)
+    eval_metrics: list[Metric] = field(default_factory=default_metrics)
+    template: Any = None
+    processor: Any = None
+    scaler: Any = None
+    gradient_accumulation_steps: int = 1
+    cur_step: int = 0
+    micro_step: int = 0
+    total_micro_steps: int = 0
+    window_items: Any = 0
+    window_ref_items: Any = 0
+    grad_norm: float | None = None
+    grads_ready: bool = False
+    stepped: bool = False
+    lr_step_pending: bool = False
+    last_inputs: Any = None
+    last_outputs: Any = None
+    last_loss: Any = None
+    last_loss_items: Any = 0
+    last_is_training: bool = True
+    last_task: str = "causal_lm"
+    total_train_tokens: Any = 0
+    _train_rate: _Throughput = field(default_factory=_Throughput)
+    _eval_rate: _Throughput = field(default_factory=_Throughput)
+
+    def __post_init__(self) -> None:
+        check_accumulation_steps(self.gradient_accumulation_steps)
+
+    # ------------------------------------------------------------ accumulation
+    def take_accumulation_steps(self, kwargs: dict[str, Any]) -> None:
+        """Apply a ``gradient_accumulation_steps=`` given to any stepping call (and remove it from kwargs)."""
+        if "gradient_accumulation_steps" in kwargs:
+            value = kwargs.pop("gradient_accumulation_steps")
+            if value is not None:
+                self.gradient_accumulation_steps = check_accumulation_steps(value)
+
+    def backward_divisor(self, num_items: Any) -> Any:
+        """What this micro-batch's loss sum is divided by before backward (see module docstring).
+
+        Item counts may be device tensors: nothing here forces a host sync.
+        """
+        if self.micro_step == 0:
+            self.window_ref_items = at_least_one(num_items)
+        return self.window_ref_items
+
+    def record_backward(self, num_items: Any) -> None:
+        self.micro_step += 1
+        self.total_micro_steps += 1
+        self.window_items = self.window_items + num_items
+        self.grads_ready = False
+
+    @property
+    def is_boundary(self) -> bool:
+        """True once the window holds ``gradient_accumulation_steps`` micro-batches."""
+        return self.micro_step >= self.gradient_accumulation_steps
+
+    def grad_rescale(self) -> Any:
+        """Factor turning the accumulated gradients into the token-weighted mean; None when it is 1.
+
+        With a single micro-batch in the window the factor is exactly 1 and is not computed.
+        """
+        if self.micro_step <= 1:
+            return None
+        factor = self.window_ref_items / at_least_one(self.window_items)
+        return None if isinstance(factor, float) and factor == 1.0 else factor
+
+    def finish_step(self) -> None:
+        """Record an optimizer step: the window closes and zero_grad / lr_step become due."""
+        self.cur_step += 1
+        self.stepped = True
+        self.lr_step_pending = True
+        self._close_window()
+
+    @property
+    def zero_grad_due(self) -> bool:
+        return self.stepped or self.is_boundary
+
+    def finish_zero_grad(self) -> None:
+        self.stepped = False
+        if self.is_boundary:  # gradients dropped without a step: the window starts over
+            self._close_window()
+
+    def _close_window(self) -> None:
+        self.micro_step = 0
+        self.window_items = 0
+        self.window_ref_items = 0
+        self.grads_ready = False
+
+    # ----------------------------------------------------------------- metrics
+    def metrics(self, is_training: bool) -> list[Metric]:
+        return self.train_metrics if is_training else self.eval_metrics
+
+    def record_forward(self, inputs: Mapping[str, Any], outputs: Any, tokens: Any, is_training: bool) -> None:
+        """Keep the forward for calculate_loss and feed the metrics and token counters."""
+        self.last_inputs, self.last_outputs, self.last_is_training = inputs, outputs, is_training
+        for metric in self.metrics(is_training):
+            metric.update(inputs, outputs)
+        (self._train_rate if is_training else self._eval_rate).add(tokens)
+        if is_training:
+            self.total_train_tokens = self.total_train_tokens + tokens
+
+    def record_loss(self, loss_sum: Any, num_items: Any, is_training: bool) -> None:
+        """Keep the loss (with its graph) for backward and feed the metrics."""
+        self.last_loss, self.last_loss_items = loss_sum, num_items
+        for metric in self.metrics(is_training):
+            metric.update_loss(loss_sum, num_items)
+
+    def compute_metrics(self, is_training: bool, lr: float | None = None) -> dict[str, float]:
+        """Every metric's numbers plus this group's (grad_norm, lr, tokens/s, step); then reset."""
+        result: dict[str, float] = {}
+        for metric in self.metrics(is_training):
+            result.update(metric.compute())
+            metric.reset()
+        rate = self._train_rate if is_training else self._eval_rate
+        tokens_per_second = rate.rate()
+        if tokens_per_second is not None:
+            result["tokens_per_second"] = tokens_per_second
+        rate.reset()
+        if is_training:
+            if self.grad_norm is not None:
+                result["grad_norm"] = float(self.grad_norm)
+            if lr is not None:
+                result["lr"] = float(lr)
+        result["step"] = self.cur_step
+        return result
+
+    # ---------------------------------------------------------------- progress
+    def progress(self, consumed_train_samples: int = 0) -> dict[str, int]:
+        return {
+            "cur_step": self.cur_step,
+            "consumed_train_samples": int(consumed_train_samples),
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+        }
+
+    def restore_progress(self, state: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's progress: a fresh accumulation window at ``cur_step``."""
+        self.cur_step = int(state["cur_step"])
+        self.gradient_accumulation_steps = check_accumulation_steps(int(state["gradient_accumulation_steps"]))
+        self.stepped = False
+        self.lr_step_pending = False
+        self._close_window()

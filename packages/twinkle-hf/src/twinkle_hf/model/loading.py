@@ -1,0 +1,103 @@
+"""Turning TransformersModel's constructor arguments into a loaded ``transformers`` module."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+
+STRATEGIES = ("accelerate", "native_fsdp")
+ASSET_PREFIX = "twinkle://"
+
+
+def resolve_model_cls(model_cls: Any) -> Any:
+    """A transformers class from a class or its name (``'AutoModelForCausalLM'``, ``'Qwen2ForCausalLM'``)."""
+    if isinstance(model_cls, str):
+        cls = getattr(transformers, model_cls, None)
+        if cls is None or not isinstance(cls, type):
+            raise ValueError(
+                f"model_cls={model_cls!r} is not a class exported by transformers {transformers.__version__}; "
+                "pass e.g. 'AutoModelForCausalLM', 'AutoModel', or the class itself."
+            )
+        return cls
+    if not isinstance(model_cls, type):
+        raise TypeError(f"model_cls must be a transformers model class or its name, got {model_cls!r}.")
+    return model_cls
+
+
+def resolve_model_path(model_id: str) -> str:
+    """A local directory for ``model_id`` (``ms://``, ``hf://``, ``twinkle://`` ids or a local path)."""
+    from twinkle.hub import resolve_path
+
+    return str(resolve_path(model_id, repo_type="model"))
+
+
+def check_not_adapter_dir(path: str) -> None:
+    """A LoRA checkpoint has no full weights: say how to use it instead of failing deep in transformers."""
+    directory = Path(path)
+    if (directory / "adapter_config.json").is_file() and not (directory / "config.json").is_file():
+        raise ValueError(
+            f"{path!r} holds a LoRA adapter, not a full model. Build TransformersModel from the base model, then "
+            f"call add_adapter_to_model(name, {path!r}) or resume_from_checkpoint({path!r}, adapter_name=name)."
+        )
+
+
+def load_hf_model(model_cls: Any, model_id: str | None, config: PretrainedConfig | None,
+                  kwargs: dict[str, Any]) -> tuple[PreTrainedModel, str | None]:
+    """Load pretrained weights (``model_id``) or build from ``config`` (random init).
+
+    Weights default to float32 (the master copy mixed precision trains); pass ``dtype=`` to override.
+    Returns the model and the local path it came from.
+    """
+    cls = resolve_model_cls(model_cls)
+    kwargs = dict(kwargs)
+    if "torch_dtype" in kwargs and "dtype" not in kwargs:
+        kwargs["dtype"] = kwargs.pop("torch_dtype")
+    kwargs.setdefault("dtype", torch.float32)
+    if model_id is not None:
+        path = resolve_model_path(model_id)
+        check_not_adapter_dir(path)
+        if str(model_id).startswith(ASSET_PREFIX) and not has_weights(path):
+            # twinkle's embedded models ship a config (and tokenizer) only: random init by design
+            config = config if config is not None else AutoConfig.from_pretrained(path)
+            return _from_config(cls, config, kwargs), path
+        if config is not None:
+            kwargs["config"] = config
+        return cls.from_pretrained(path, **kwargs), path
+    if config is None:
+        raise ValueError("TransformersModel needs model_id= (hub id or local directory) or config= (random init).")
+    return _from_config(cls, config, kwargs), None
+
+
+def _from_config(cls: Any, config: PretrainedConfig, kwargs: dict[str, Any]) -> PreTrainedModel:
+    if hasattr(cls, "from_config"):  # Auto classes
+        return cls.from_config(config, **kwargs)
+    return cls._from_config(config, **kwargs)
+
+
+def has_weights(path: str) -> bool:
+    """Whether a model directory holds weight files (safetensors, bin, or an index of either)."""
+    directory = Path(path)
+    return directory.is_dir() and any(
+        p.suffix in (".safetensors", ".bin", ".pt", ".pth") or p.name.endswith(".index.json")
+        for p in directory.iterdir()
+    )
+
+
+def check_strategy(strategy: str, world_size: int) -> None:
+    """One process needs no wrapping; more processes need the distributed strategies (their own issue)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}.")
+    if world_size > 1:
+        raise NotImplementedError(
+            f"TransformersModel runs on one process in this release; this job has WORLD_SIZE={world_size}. "
+            f"Multi-process strategy={strategy!r} (DDP/FSDP2) is not implemented yet: launch one process."
+        )
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)

@@ -1,0 +1,92 @@
+"""TransformersModel: a transformers model plus its training parts, on one process.
+
+The class is assembled from mixins, one per responsibility: groups and adapters
+(``groups.py``), components (``components.py``), computing (``training.py``), updating
+(``stepping.py``), checkpoints (``checkpoint.py``) and the summary (``summary.py``). This file only
+constructs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from twinkle.mesh import DeviceMesh
+from twinkle.model import TwinkleModel
+from twinkle.model.optimizer_group import DEFAULT_GROUP, OptimizerGroup
+from twinkle.precision import PrecisionPlan, plan_precision
+from twinkle.remote import remote_class
+from twinkle.runtime import get_runtime
+from twinkle_hf.model.checkpoint import CheckpointMixin
+from twinkle_hf.model.components import ComponentsMixin
+from twinkle_hf.model.groups import GroupsMixin
+from twinkle_hf.model.loading import check_strategy, env_world_size, load_hf_model
+from twinkle_hf.model.stepping import SteppingMixin
+from twinkle_hf.model.summary import SummaryMixin
+from twinkle_hf.model.training import TrainingMixin
+
+
+def _device() -> torch.device:
+    """This process's device: the runtime's platform if initialised, else the best available one."""
+    from twinkle.platform import detect_platform
+
+    runtime = get_runtime()
+    platform = detect_platform(runtime.platform if runtime.initialized else None)
+    return platform.device(runtime.local_rank)
+
+
+@remote_class()
+class TransformersModel(GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin, CheckpointMixin, SummaryMixin,
+                        TwinkleModel):
+    """A transformers model with per-adapter optimizer groups (see ``twinkle.model.base``).
+
+    ``model_id`` is a hub id (``ms://``, ``hf://``), a ``twinkle://`` asset, a local directory or a
+    full-model checkpoint written by :meth:`save`; ``config`` builds a randomly initialised model.
+    ``kwargs`` go to ``from_pretrained`` / ``from_config`` (weights default to float32 so mixed
+    precision keeps fp32 master weights). ``mixed_precision``: ``no``, ``bf16`` (autocast, CPU too),
+    ``fp16`` (autocast + GradScaler configured by ``grad_scaler_config``) or ``fp8`` (a registered
+    precision provider). ``.model`` is the underlying module (a ``PeftModel`` once adapters exist).
+    Without adapters the single group is ``'default'`` and trains the whole model.
+    """
+
+    def __init__(self,  # noqa: D417
+                 model_cls: Any = AutoModelForCausalLM,
+                 model_id: str | None = None,
+                 config: PretrainedConfig | None = None,
+                 device_mesh: DeviceMesh | None = None,
+                 mixed_precision: str = "bf16",
+                 strategy: str = "accelerate",
+                 ddp_config: dict[str, Any] | None = None,
+                 fsdp_config: dict[str, Any] | None = None,
+                 grad_scaler_config: dict[str, Any] | None = None,
+                 memory_efficient_init: bool = False,
+                 **kwargs: Any) -> None:
+        check_strategy(strategy, env_world_size())
+        self.device = _device()
+        self.precision: PrecisionPlan = plan_precision(mixed_precision, self.device.type)
+        self.precision.make_grad_scaler(grad_scaler_config)  # validates the config before loading anything
+        self.mixed_precision = mixed_precision
+        self.strategy = strategy
+        self.device_mesh = device_mesh if device_mesh is not None else get_runtime().device_mesh
+        self.ddp_config = dict(ddp_config or {})
+        self.fsdp_config = dict(fsdp_config or {})
+        self.grad_scaler_config = dict(grad_scaler_config or {})
+        self.memory_efficient_init = memory_efficient_init
+        model, self.model_path = load_hf_model(model_cls, model_id, config, kwargs)
+        self.model_id = model_id
+        if self.precision.provider is not None:
+            model = self.precision.provider.prepare_model(model)
+        self.model = model.to(self.device)
+        self.optimizer_group: dict[str, OptimizerGroup] = {DEFAULT_GROUP: self._new_group(DEFAULT_GROUP)}
+        self.patches: list[Any] = []
+
+    def _new_group(self, name: str, is_adapter: bool = False, gradient_accumulation_steps: int = 1) -> OptimizerGroup:
+        """A fresh group; under fp16 it gets its own GradScaler from the first backward on."""
+        return OptimizerGroup(name, is_adapter=is_adapter, gradient_accumulation_steps=gradient_accumulation_steps,
+                              scaler=self.precision.make_grad_scaler(self.grad_scaler_config))
+
+    def __repr__(self) -> str:
+        return (f"TransformersModel({type(self._hf_model()).__name__}, groups={list(self.optimizer_group)}, "
+                f"mixed_precision={self.mixed_precision!r}, device={self.device})")

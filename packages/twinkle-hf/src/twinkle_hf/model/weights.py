@@ -1,0 +1,125 @@
+"""Weights on disk in the layouts HF tools read: ``save_pretrained`` dirs and PEFT adapter dirs.
+
+Loading checks every key and shape before copying anything, so a wrong checkpoint raises and
+leaves the model untouched. Only safetensors files are read.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+
+from twinkle.checkpoint import CheckpointError
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+FULL_WEIGHTS = "model.safetensors"
+FULL_INDEX = "model.safetensors.index.json"
+
+
+# ----------------------------------------------------------------------- adapters
+def adapter_state_dict(model: PeftModel, adapter_name: str) -> dict[str, torch.Tensor]:
+    """The adapter's weights under PEFT's file keys (adapter name stripped)."""
+    return get_peft_model_state_dict(model, adapter_name=adapter_name)
+
+
+def save_adapter(model: PeftModel, adapter_name: str, directory: Path) -> None:
+    """Write ``adapter_model.safetensors`` + ``adapter_config.json`` flat in ``directory``.
+
+    (``PeftModel.save_pretrained`` puts non-default adapters in a sub-directory; a flat layout
+    loads with ``PeftModel.from_pretrained(base, directory)`` whatever the adapter's name.)
+    """
+    state = {k: v.detach().contiguous().cpu() for k, v in adapter_state_dict(model, adapter_name).items()}
+    save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    config = copy.deepcopy(model.peft_config[adapter_name])
+    config.inference_mode = True
+    config.save_pretrained(str(directory))
+
+
+def load_adapter_weights(model: PeftModel, adapter_name: str, directory: Path) -> None:
+    """Load an adapter directory's weights into the existing adapter ``adapter_name``."""
+    path = directory / ADAPTER_WEIGHTS
+    if not path.is_file():
+        raise CheckpointError(f"{str(directory)!r} has no {ADAPTER_WEIGHTS} (a LoRA checkpoint written by save()).")
+    state = _read_safetensors(path)
+    _check_state(state, adapter_state_dict(model, adapter_name), str(path), allow_missing=set())
+    set_peft_model_state_dict(model, state, adapter_name=adapter_name)
+
+
+# --------------------------------------------------------------------- full model
+def save_full(model: torch.nn.Module, directory: Path) -> None:
+    """``save_pretrained`` (safetensors) of the full transformers model."""
+    model.save_pretrained(str(directory))
+
+
+def read_full_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a ``save_pretrained`` directory (single file or sharded with an index)."""
+    index = directory / FULL_INDEX
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{str(index)!r} is not a valid safetensors index ({exc}).") from exc
+    elif (directory / FULL_WEIGHTS).is_file():
+        files = [FULL_WEIGHTS]
+    else:
+        raise CheckpointError(f"{str(directory)!r} has no {FULL_WEIGHTS} or {FULL_INDEX} (full-model weights).")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(_read_safetensors(directory / name))
+    return state
+
+
+def load_full_weights(model: torch.nn.Module, directory: Path) -> None:
+    """Load a ``save_pretrained`` directory into ``model``; tied weights may be absent from the files."""
+    state = read_full_weights(directory)
+    current = model.state_dict()
+    _check_state(state, current, str(directory), allow_missing=_tied_keys(current))
+    model.load_state_dict(state, strict=False)
+
+
+def _tied_keys(current: Mapping[str, torch.Tensor]) -> set[str]:
+    """Keys whose tensor shares storage with an earlier key (e.g. lm_head tied to the embeddings)."""
+    seen: dict[int, str] = {}
+    tied: set[str] = set()
+    for key, tensor in current.items():
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in seen and tensor.numel():
+            tied.update({key, seen[ptr]})
+        else:
+            seen[ptr] = key
+    return tied
+
+
+# ------------------------------------------------------------------------ helpers
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise CheckpointError(f"{str(path)!r} is not a readable safetensors file ({type(exc).__name__}: {exc}).") \
+            from exc
+
+
+def _check_state(state: Mapping[str, Any], current: Mapping[str, torch.Tensor], where: str,
+                 allow_missing: set[str]) -> None:
+    unexpected = sorted(set(state) - set(current))
+    missing = sorted(set(current) - set(state) - allow_missing)
+    mismatched = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(current[k].shape)}"
+                  for k in state if k in current and tuple(state[k].shape) != tuple(current[k].shape)]
+    problems = []
+    if unexpected:
+        problems.append(f"{len(unexpected)} unknown keys (e.g. {unexpected[:3]})")
+    if missing:
+        problems.append(f"{len(missing)} missing keys (e.g. {missing[:3]})")
+    if mismatched:
+        problems.append(f"{len(mismatched)} shape mismatches (e.g. {mismatched[:2]})")
+    if problems:
+        raise CheckpointError(f"The weights in {where} do not fit this model: {'; '.join(problems)}. "
+                              "Was it saved from a different model or adapter configuration?")

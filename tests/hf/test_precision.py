@@ -1,0 +1,119 @@
+"""Mixed precision: no / bf16 autocast on CPU / fp16 with a GradScaler / fp8 through the registry."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from hf_testing import make_batch, make_model, tensor_hash
+
+from twinkle.errors import MissingBackendError
+from twinkle.hookspecs import hookimpl
+from twinkle.plugins import Provenance, create_plugin_manager
+from twinkle.precision import PrecisionError
+from twinkle.registry import Registry, set_registry
+
+
+def test_bf16_autocasts_on_cpu_and_keeps_fp32_weights() -> None:
+    fp32, bf16 = make_model(seed=1, mixed_precision="no"), make_model(seed=1, mixed_precision="bf16")
+    batch = make_batch(0)
+    out32 = fp32.forward_only(inputs=batch).logits
+    out16 = bf16.forward_only(inputs=batch).logits
+    assert out32.dtype == torch.float32 and out16.dtype == torch.bfloat16
+    torch.testing.assert_close(out16.float(), out32, rtol=0.05, atol=0.05)
+    bf16.set_optimizer("AdamW", lr=1e-2)
+    before = tensor_hash(bf16.get_state_dict())
+    bf16.forward_backward(inputs=batch)
+    bf16.clip_grad_and_step()
+    assert tensor_hash(bf16.get_state_dict()) != before
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+
+
+def test_fp16_uses_a_configured_grad_scaler_and_checkpoints_it(tmp_path) -> None:
+    model = make_model(seed=2, mixed_precision="fp16", grad_scaler_config={"init_scale": 2.0**40})
+    model.set_optimizer("SGD", lr=0.1)
+    group = model.optimizer_group["default"]
+    assert isinstance(group.scaler, torch.amp.GradScaler)
+    before = tensor_hash(model.get_state_dict())
+    model.forward_backward(inputs=make_batch(1))
+    model.clip_grad_and_step()
+    # the loss scaled by 2**40 overflows fp16 gradients: the scaler skips the step and backs off
+    assert tensor_hash(model.get_state_dict()) == before
+    assert group.scaler.get_scale() == 2.0**39
+    for i in range(60):  # back off until fp16 gradients are finite, then steps apply
+        model.forward_backward(inputs=make_batch(i))
+        model.clip_grad_and_step()
+        if tensor_hash(model.get_state_dict()) != before:
+            break
+    assert tensor_hash(model.get_state_dict()) != before
+    path = model.save("fp16", output_dir=str(tmp_path), save_optimizer=True)
+    saved = torch.load(tmp_path / "fp16" / "scaler.pt", weights_only=True)
+    assert saved["scale"] == group.scaler.get_scale()
+
+    fresh = make_model(seed=3, mixed_precision="fp16")
+    fresh.set_optimizer("SGD", lr=0.1)
+    fresh.resume_from_checkpoint(path)
+    assert fresh.optimizer_group["default"].scaler.state_dict() == group.scaler.state_dict()
+
+
+class _FakeFp8:
+    """A provider that only runs on CUDA, like Transformer Engine's."""
+
+    @staticmethod
+    def is_available(device_type: str) -> bool:
+        return device_type == "cuda"
+
+    def prepare_model(self, model):
+        return model
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+
+class _Fp8Plugin:
+    @hookimpl
+    def register_precisions(self):
+        return {"fp8": f"{__name__}:_FakeFp8"}
+
+
+@contextlib.contextmanager
+def _registry_with(*plugins: tuple[object, str]):
+    """Core + twinkle-hf + the given plugins only (no other installed entry points, e.g. a real fp8)."""
+    import twinkle_hf.plugin
+
+    extra = [(twinkle_hf.plugin, Provenance("hf", "twinkle-hf", "0.1.0"))]
+    extra += [(plugin, Provenance(name, name, "1.0")) for plugin, name in plugins]
+    old = set_registry(Registry(create_plugin_manager(entry_points=False, extra=extra)))
+    try:
+        yield
+    finally:
+        set_registry(old)
+
+
+def test_fp8_without_provider_names_the_package() -> None:
+    with _registry_with(), pytest.raises(MissingBackendError, match=r"pip install twinkle-megatron\[fp8\]"):
+        make_model(mixed_precision="fp8")
+
+
+def test_fp8_resolves_through_the_registry_and_refuses_cpu(monkeypatch) -> None:
+    monkeypatch.setenv("TWINKLE_DEVICE", "cpu")  # the CPU case, also on a GPU machine
+    with _registry_with((_Fp8Plugin(), "fake-fp8")):
+        with pytest.raises(PrecisionError, match="mixed_precision='fp8' cannot run on 'cpu'.*'bf16'"):
+            make_model(mixed_precision="fp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_and_fp16_train_on_gpu(monkeypatch) -> None:
+    monkeypatch.delenv("TWINKLE_DEVICE", raising=False)
+    for precision in ("bf16", "fp16"):
+        model = make_model(seed=4, mixed_precision=precision)
+        assert model.device.type == "cuda"
+        model.set_optimizer("AdamW", lr=1e-2)
+        losses = []
+        batch = make_batch(5)
+        for _ in range(5):
+            losses.append(model.forward_backward(inputs=batch))
+            model.clip_grad_and_step()
+        assert losses[-1] < losses[0]
