@@ -1,0 +1,68 @@
+"""Seed 003 (a user's LoRA + FSDP2 script) runs as a user would against our packages, in the four
+kernel modes of issue 7. The script is read from ../shared/seeds/003_*.txt at test time, never copied."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trainer_testing import REPO, cli_env
+
+SEEDS = REPO.parent / "shared" / "seeds"
+ARGS = ["--train-samples", "16", "--eval-samples", "8", "--batch-size", "4", "--eval-interval", "2"]
+
+MODES = {
+    "default": ({}, []),
+    "torch-baseline": ({"TWINKLE_TORCH_BASELINE": "1"}, []),
+    "enable-liger": ({}, ["--enable-liger"]),
+    "no-fused-ce": ({}, ["--enable-liger", "--no-fused-ce"]),
+}
+# Known framework bug, reported to the lead (twinkle_hf, not the Trainer's files): with the fused-CE loss
+# set, the seed's evaluate() calls forward_only(inputs=batch) without task='fused_lm_ce', and
+# LigerFusedLinearCrossEntropyLoss raises KeyError on outputs that carry logits. strict: flips when fixed.
+KNOWN_BROKEN = {"enable-liger": "forward_only without task= + LigerFusedLinearCrossEntropyLoss raises KeyError"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.Popen, Path]]:
+    """Start the four modes at once (they are independent processes); each test waits for its own."""
+    found = sorted(SEEDS.glob("003_*.txt"))
+    if not found:
+        pytest.fail(f"seed 003 not found under {SEEDS} (expected ../shared/seeds/003_*.txt next to the repo)")
+    started: dict[str, tuple[subprocess.Popen, Path]] = {}
+    for mode, (env_extra, flags) in MODES.items():
+        cwd = tmp_path_factory.mktemp(mode)
+        script = cwd / "seed003.py"
+        script.write_text(found[0].read_text(encoding="utf-8").split("\n", 1)[1], encoding="utf-8")
+        env = cli_env(**env_extra)
+        if mode != "torch-baseline":
+            env.pop("TWINKLE_TORCH_BASELINE", None)
+        started[mode] = (subprocess.Popen([sys.executable, str(script), *ARGS, *flags], cwd=cwd, env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), cwd)
+    yield started
+    for proc, _ in started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [
+    pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BROKEN[m])) if m in KNOWN_BROKEN else m
+    for m in MODES
+])
+def test_seed003_runs_and_writes_last_checkpoint(runs: dict, mode: str) -> None:
+    proc, cwd = runs[mode]
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-4000:]
+    last = cwd / "output" / "last-checkpoint"
+    assert (last / "adapter_model.safetensors").is_file(), sorted(p.name for p in cwd.rglob("*"))
+    state = json.loads((last / "trainer_state.json").read_text())
+    assert state["cur_step"] == 4 and state["consumed_train_samples"] == 16
+    if mode == "torch-baseline":
+        assert "kernelize" not in stderr  # the seed skips kernelize under the baseline
+    else:
+        assert "kernelize[cpu]" in stderr

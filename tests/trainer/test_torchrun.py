@@ -1,0 +1,41 @@
+"""`twinkle train` under torchrun (2 CPU processes, DDP): checkpoints, eval/best and HF exports from every
+rank without deadlock, and auto_resume continuing the 2-process run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trainer_testing import cli_env, load_weights, tiny_job, write_config
+
+from twinkle.trainer import store
+
+
+def _torchrun(config: Path, port: int, *overrides: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "-m", "twinkle.cli.main", "train", str(config), *overrides]
+    return subprocess.run(cmd, cwd=config.parent, env=cli_env(OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=240)
+
+
+@pytest.mark.slow
+def test_two_process_run_checkpoints_evaluates_exports_and_resumes(tmp_path: Path) -> None:
+    work_dir = tmp_path / "wd"
+    job = tiny_job(work_dir, total_step=3, eval_interval=2, hf_interval=2, checkpoint_maxkeep=1,
+                   dataset={"train_samples": 16, "eval_samples": 4, "max_length": 128})
+    config = write_config(tmp_path / "job.yaml", job)
+    first = _torchrun(config, 29861)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert first.stdout.count("twinkle train: finished at step 3/3") == 1  # the summary is rank 0's
+    (step, last), = store.list_checkpoints(work_dir / "checkpoints")
+    assert step == 3 and store.verify(last)["consumed_train_samples"] == 12
+    assert (work_dir / "best-checkpoint" / "adapter_model.safetensors").is_file()
+    assert load_weights(work_dir / "hf" / "step-00000002")
+
+    resumed = _torchrun(config, 29862, "--total-step", "5", "--auto-resume")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"auto_resume: resumed from {last}" in resumed.stderr
+    (step, last), = store.list_checkpoints(work_dir / "checkpoints")
+    assert step == 5 and store.verify(last)["consumed_train_samples"] == 20
