@@ -20,11 +20,6 @@ MODES = {
     "enable-liger": ({}, ["--enable-liger"]),
     "no-fused-ce": ({}, ["--enable-liger", "--no-fused-ce"]),
 }
-# Known framework bug, reported to the lead (twinkle_hf, not the Trainer's files): with the fused-CE loss
-# set, the seed's evaluate() calls forward_only(inputs=batch) without task='fused_lm_ce', and
-# LigerFusedLinearCrossEntropyLoss raises KeyError on outputs that carry logits. strict: flips when fixed.
-KNOWN_BROKEN = {"enable-liger": "forward_only without task= + LigerFusedLinearCrossEntropyLoss raises KeyError"}
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.Popen, Path]]:
@@ -50,10 +45,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [
-    pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BROKEN[m])) if m in KNOWN_BROKEN else m
-    for m in MODES
-])
+@pytest.mark.parametrize("mode", list(MODES))
 def test_seed003_runs_and_writes_last_checkpoint(runs: dict, mode: str) -> None:
     proc, cwd = runs[mode]
     _, stderr = proc.communicate(timeout=300)

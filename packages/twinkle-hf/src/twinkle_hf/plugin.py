@@ -7,7 +7,8 @@ from twinkle.hookspecs import hookimpl
 
 @hookimpl
 def register_models():
-    return {"TransformersModel": "twinkle_hf.model:TransformersModel"}
+    return {"TransformersModel": "twinkle_hf.model:TransformersModel",
+            "MultiLoraTransformersModel": "twinkle_hf.multi_lora:MultiLoraTransformersModel"}
 
 
 @hookimpl

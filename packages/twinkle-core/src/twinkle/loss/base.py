@@ -20,6 +20,10 @@ class Loss(ABC):
     InfoNCE). ``loss(inputs, outputs)`` then returns the sum or the mean per ``reduction``.
     """
 
+    #: The forward flavour this loss reads (``causal_lm`` logits, ``embedding`` vectors, ``fused_lm_ce``
+    #: hidden states + lm_head); a model's forward uses it when the caller gives no ``task=``.
+    task: str = "causal_lm"
+
     def __init__(self, reduction: str = "mean") -> None:
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")

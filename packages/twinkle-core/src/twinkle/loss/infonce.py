@@ -20,6 +20,8 @@ class InfoNCELoss(Loss):
     ``inputs['group_size']`` overrides the constructor's value for one batch.
     """
 
+    task = "embedding"
+
     def __init__(self, temperature: float = 0.05, group_size: int = 2, reduction: str = "mean") -> None:
         super().__init__(reduction)
         if temperature <= 0:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinkle.metric.base import Metric
+from twinkle.metric.reduce import sum_across_ranks
 
 IGNORE_INDEX = -100
 
@@ -35,15 +36,18 @@ class TokenAccuracy(Metric):
         labels = labels.to(logits.device)[..., 1:]
         predictions = logits.detach().argmax(dim=-1)[..., :-1]
         mask = labels != self.ignore_index
-        correct = ((predictions == labels) & mask).sum()
-        total = mask.sum()
+        self.update_counts(((predictions == labels) & mask).sum(), mask.sum())
+
+    def update_counts(self, correct: Any, total: Any) -> None:
+        """Add counts a loss computed itself (the fused CE path never materialises logits)."""
         self._correct = correct if self._correct is None else self._correct + correct
         self._total = total if self._total is None else self._total + total
 
     def compute(self) -> dict[str, float]:
-        if self._total is None or int(self._total) == 0:
+        correct, total = sum_across_ranks([self._correct or 0, self._total or 0])
+        if total == 0:
             return {}
-        return {self.name: float(self._correct) / float(self._total)}
+        return {self.name: correct / total}
 
     def reset(self) -> None:
         self._correct: Any = None

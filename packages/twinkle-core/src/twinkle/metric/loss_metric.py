@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle.metric.base import Metric
+from twinkle.metric.reduce import sum_across_ranks
 
 
 class LossMetric(Metric):
@@ -20,9 +21,11 @@ class LossMetric(Metric):
         self._items = self._items + num_items
 
     def compute(self) -> dict[str, float]:
-        if self._sum is None:
+        total, items, seen = sum_across_ranks([0.0 if self._sum is None else self._sum, self._items,
+                                               0.0 if self._sum is None else 1.0])
+        if not seen:
             return {}
-        return {self.name: float(self._sum) / max(float(self._items), 1.0)}
+        return {self.name: total / max(items, 1.0)}
 
     def reset(self) -> None:
         self._sum: Any = None

@@ -70,6 +70,8 @@ class LigerFusedLinearCrossEntropyLoss(Loss):
     token accuracy is available without logits.
     """
 
+    task = "fused_lm_ce"
+
     def __init__(self, reduction: str = "mean", ignore_index: int = IGNORE_INDEX,
                  chain: Sequence[KernelChoice | str] | None = None, chunk_size: int | None = None) -> None:
         super().__init__(reduction)

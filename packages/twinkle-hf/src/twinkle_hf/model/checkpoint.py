@@ -38,6 +38,7 @@ from twinkle_hf.model.weights import (
     load_full_weights,
     save_adapter,
     save_full,
+    write_adapter,
 )
 
 logger = get_logger("twinkle_hf")
@@ -57,6 +58,8 @@ class CheckpointMixin:
             logger.warning("Saving group %r in the middle of gradient accumulation (%d of %d micro-batches): the "
                            "pending gradients are not saved.", group.name, group.micro_step,
                            group.gradient_accumulation_steps)
+        if self.dist_plan.distributed:
+            return self._save_distributed(group, final, save_optimizer, consumed_train_samples)
         with atomic_directory(final) as tmp:
             self._save_weights(group, tmp)
             if save_optimizer:
@@ -74,6 +77,11 @@ class CheckpointMixin:
             raise TypeError(f"load() got unexpected arguments {sorted(kwargs)}.")
         group = self._group(adapter_name)
         directory = checkpoint_path(name, output_dir) if output_dir is not None else Path(name).expanduser()
+        if self.dist_plan.distributed and self._wrapped:
+            from twinkle_hf.distributed.checkpoint import load_export
+
+            load_export(self, group, directory)
+            return
         self._load_weights(group, directory)
 
     def resume_from_checkpoint(self, checkpoint_dir: str, resume_only_model: bool = False, *,
@@ -88,6 +96,13 @@ class CheckpointMixin:
         directory = Path(checkpoint_dir).expanduser()
         require_files(directory, [], "checkpoint")
         state = read_trainer_state(directory)
+        if self.dist_plan.distributed:
+            self._ensure_wrapped()
+            from twinkle_hf.distributed.checkpoint import load_sharded
+
+            load_sharded(self, group, directory, with_training_state=not resume_only_model)
+            group.restore_progress(state)
+            return {k: int(state[k]) for k in ("cur_step", "consumed_train_samples", "gradient_accumulation_steps")}
         restore = None if resume_only_model else self._read_training_state(group, directory)
         self._load_weights(group, directory)
         if restore is not None:
@@ -100,11 +115,41 @@ class CheckpointMixin:
         if kwargs:
             raise TypeError(f"get_state_dict() got unexpected arguments {sorted(kwargs)}.")
         group = self._group(adapter_name)
-        if group.is_adapter:
-            return adapter_state_dict(self.model, group.name)
-        return self._hf_model().state_dict()
+        state = adapter_state_dict(self.model, group.name) if group.is_adapter else self._hf_model().state_dict()
+        if self.dist_plan.sharded:  # full tensors, gathered from the shards (every rank takes part)
+            from twinkle_hf.distributed.checkpoint import gathered_state
+
+            return gathered_state(state)
+        return state
 
     # -------------------------------------------------------------- internals
+    def _save_distributed(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
+                          consumed_train_samples: int) -> str:
+        """Every rank takes part: DCP shards from all, the HF export and small files from rank 0."""
+        from twinkle_hf.distributed import checkpoint as dist_ckpt
+        from twinkle_hf.distributed.comm import rank
+
+        self._ensure_wrapped()
+        with dist_ckpt.shared_atomic_directory(final) as tmp:
+            if group.is_adapter:
+                state = dist_ckpt.gathered_state(adapter_state_dict(self.model, group.name))
+                if rank() == 0:
+                    write_adapter(self.model, group.name, state, tmp)
+            else:
+                dist_ckpt.save_full_export(self._hf_model(), tmp)
+            dist_ckpt.save_sharded(self, group, tmp, save_optimizer)
+            if rank() == 0:
+                tokenizer = getattr(group.template, "tokenizer", None)
+                if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+                    tokenizer.save_pretrained(str(tmp))
+                write_trainer_state(tmp, {**group.progress(consumed_train_samples), "adapter_name": group.name,
+                                          "is_adapter": group.is_adapter, "mixed_precision": self.mixed_precision,
+                                          "has_optimizer_state": bool(save_optimizer),
+                                          "world_size": self.dist_plan.world_size,
+                                          "strategy": self.dist_plan.kind,
+                                          "twinkle_version": twinkle.__version__})
+        return str(final)
+
     def _save_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:
             save_adapter(self.model, group.name, directory)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +9,6 @@ import torch
 import transformers
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-STRATEGIES = ("accelerate", "native_fsdp")
 ASSET_PREFIX = "twinkle://"
 
 
@@ -89,15 +87,7 @@ def has_weights(path: str) -> bool:
 
 
 def check_strategy(strategy: str, world_size: int) -> None:
-    """One process needs no wrapping; more processes need the distributed strategies (their own issue)."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}.")
-    if world_size > 1:
-        raise NotImplementedError(
-            f"TransformersModel runs on one process in this release; this job has WORLD_SIZE={world_size}. "
-            f"Multi-process strategy={strategy!r} (DDP/FSDP2) is not implemented yet: launch one process."
-        )
+    """Validate ``strategy`` for ``world_size`` processes (the plan itself lives in twinkle_hf.distributed)."""
+    from twinkle_hf.distributed.plan import make_plan
 
-
-def env_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    make_plan(strategy, None, world_size)

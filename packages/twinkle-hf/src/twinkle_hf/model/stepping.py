@@ -23,7 +23,8 @@ class SteppingMixin:
         self._prepare_grads(group)
         params = [p for p in self._optimizer_params(group) if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, norm_type=norm_type)
-        group.grad_norm = float(norm)
+        # FSDP2: gradients are DTensor shards and the norm a DTensor over all of them (the same on every rank)
+        group.grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         return group.grad_norm
 
     def step(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:

@@ -22,6 +22,10 @@ class SummaryMixin:
             f"  parameters: {total:,} | device: {self.device} | mixed_precision: {self.mixed_precision} | "
             f"strategy: {self.strategy}",
         ]
+        plan = getattr(self, "dist_plan", None)
+        if plan is not None and plan.distributed:
+            lines.append(f"  distributed: {plan.kind} over {plan.world_size} ranks (dp={plan.dp_size}, "
+                         f"fsdp={plan.fsdp_size}{', HSDP' if plan.hsdp else ''}); wrapped: {self._wrapped}")
         for group in groups:
             trainable = _count(self._group_parameters(group))
             kind = "LoRA adapter" if group.is_adapter else "full model"

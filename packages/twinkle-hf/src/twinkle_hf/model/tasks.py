@@ -34,8 +34,21 @@ def is_causal_model(module: torch.nn.Module) -> bool:
 
 
 def run_task(model: torch.nn.Module, hf_model: torch.nn.Module, task: str, batch: Mapping[str, Any],
-             pooling: str | None = None) -> Any:
-    """The forward of ``task``; ``model`` may be the peft wrapper of ``hf_model``."""
+             pooling: str | None = None, through_root: bool = False) -> Any:
+    """The forward of ``task``; ``model`` may be the peft wrapper of ``hf_model``.
+
+    ``through_root``: under FSDP2 every forward must enter through the root module, whose hooks
+    gather the root's own parameters (embeddings, final norm, lm_head); calling the backbone
+    directly would leave them sharded and make ranks gather the head ad hoc, in different orders
+    (the first-step deadlock of the fused loss). See :func:`_hidden_through_root`.
+    """
+    if through_root and task != "causal_lm":
+        hidden = _hidden_through_root(model, hf_model, batch)
+        if task == "fused_lm_ce":
+            from twinkle_hf.kernels.fused_ce_loss import fused_ce_outputs
+
+            return fused_ce_outputs(hidden, hf_model.get_output_embeddings())
+        return _pooled(hidden, batch, pooling, getattr(hf_model, "base_model", hf_model))
     if task == "causal_lm":
         kwargs = model_kwargs(batch, hf_model)
         if accepts(hf_model, "use_cache"):
@@ -49,9 +62,36 @@ def run_task(model: torch.nn.Module, hf_model: torch.nn.Module, task: str, batch
         if accepts(backbone, "use_cache"):
             kwargs["use_cache"] = False
         return fused_ce_outputs(backbone(**kwargs).last_hidden_state, hf_model.get_output_embeddings())
-    hidden = backbone(**kwargs).last_hidden_state
+    return _pooled(backbone(**kwargs).last_hidden_state, batch, pooling, backbone)
+
+
+def _pooled(hidden: torch.Tensor, batch: Mapping[str, Any], pooling: str | None, backbone: torch.nn.Module) -> Any:
     pooling = pooling or ("last" if is_causal_model(backbone) else "mean")
     return {"embeddings": pool(hidden, batch.get("attention_mask"), pooling), "last_hidden_state": hidden}
+
+
+def _hidden_through_root(model: torch.nn.Module, hf_model: torch.nn.Module, batch: Mapping[str, Any]) -> Any:
+    """Final hidden states from a forward of the root module with the LM head made an identity.
+
+    The root's FSDP2 unit stays unsharded from its forward until its backward, so the head weight
+    the fused loss reads afterwards is the gathered parameter and its gradient is reduced with the
+    root's: the same collectives, in the same order, on every rank.
+    """
+    head = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
+    kwargs = model_kwargs(batch, hf_model)
+    if accepts(hf_model, "use_cache"):
+        kwargs["use_cache"] = False
+    if head is None:  # a bare backbone (AutoModel) is its own root
+        return model(**kwargs).last_hidden_state
+    head.forward = _identity
+    try:
+        return model(**kwargs).logits
+    finally:
+        del head.forward
+
+
+def _identity(hidden: torch.Tensor) -> torch.Tensor:
+    return hidden
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:

@@ -19,10 +19,12 @@ from twinkle.model.optimizer_group import DEFAULT_GROUP, OptimizerGroup
 from twinkle.precision import PrecisionPlan, plan_precision
 from twinkle.remote import remote_class
 from twinkle.runtime import get_runtime
+from twinkle_hf.distributed.mixin import DistributedMixin
+from twinkle_hf.distributed.plan import check_configs, check_process_group, make_plan
 from twinkle_hf.model.checkpoint import CheckpointMixin
 from twinkle_hf.model.components import ComponentsMixin
 from twinkle_hf.model.groups import GroupsMixin
-from twinkle_hf.model.loading import check_strategy, env_world_size, load_hf_model
+from twinkle_hf.model.loading import load_hf_model
 from twinkle_hf.model.stepping import SteppingMixin
 from twinkle_hf.model.summary import SummaryMixin
 from twinkle_hf.model.training import TrainingMixin
@@ -37,9 +39,13 @@ def _device() -> torch.device:
     return platform.device(runtime.local_rank)
 
 
+def _is_meta(model: torch.nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
 @remote_class()
-class TransformersModel(GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin, CheckpointMixin, SummaryMixin,
-                        TwinkleModel):
+class TransformersModel(DistributedMixin, GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin,
+                        CheckpointMixin, SummaryMixin, TwinkleModel):
     """A transformers model with per-adapter optimizer groups (see ``twinkle.model.base``).
 
     ``model_id`` is a hub id (``ms://``, ``hf://``), a ``twinkle://`` asset, a local directory or a
@@ -49,6 +55,12 @@ class TransformersModel(GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMix
     ``fp16`` (autocast + GradScaler configured by ``grad_scaler_config``) or ``fp8`` (a registered
     precision provider). ``.model`` is the underlying module (a ``PeftModel`` once adapters exist).
     Without adapters the single group is ``'default'`` and trains the whole model.
+
+    Under ``torchrun`` (or Ray) the model is wrapped from ``device_mesh`` and ``strategy``: DDP for a
+    data-parallel-only mesh, FSDP2 per decoder layer when ``fsdp_size > 1`` (``native_fsdp``: torch's
+    ``fully_shard``, HSDP when ``dp_size > 1`` too; ``accelerate``: its FSDP2 plugin from
+    ``fsdp_config``). Wrapping happens at the first ``set_optimizer`` or forward, after adapters are
+    added. ``memory_efficient_init``: only rank 0 reads the weights (see docs/distributed.md).
     """
 
     def __init__(self,  # noqa: D417
@@ -63,22 +75,34 @@ class TransformersModel(GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMix
                  grad_scaler_config: dict[str, Any] | None = None,
                  memory_efficient_init: bool = False,
                  **kwargs: Any) -> None:
-        check_strategy(strategy, env_world_size())
+        runtime = get_runtime()
+        if device_mesh is None and runtime.initialized:
+            device_mesh = runtime.device_mesh
+        self.dist_plan = make_plan(strategy, device_mesh)
+        self.device_mesh = device_mesh if device_mesh is not None else DeviceMesh.from_sizes(
+            world_size=self.dist_plan.world_size)
+        check_configs(strategy, ddp_config, fsdp_config)
+        check_process_group(self.dist_plan)
         self.device = _device()
         self.precision: PrecisionPlan = plan_precision(mixed_precision, self.device.type)
         self.precision.make_grad_scaler(grad_scaler_config)  # validates the config before loading anything
         self.mixed_precision = mixed_precision
         self.strategy = strategy
-        self.device_mesh = device_mesh if device_mesh is not None else get_runtime().device_mesh
         self.ddp_config = dict(ddp_config or {})
         self.fsdp_config = dict(fsdp_config or {})
         self.grad_scaler_config = dict(grad_scaler_config or {})
         self.memory_efficient_init = memory_efficient_init
-        model, self.model_path = load_hf_model(model_cls, model_id, config, kwargs)
+        self._memory_efficient_pending = memory_efficient_init and self.dist_plan.distributed
+        if self._memory_efficient_pending:
+            from twinkle_hf.distributed.meminit import load_rank0_only
+
+            model, self.model_path = load_rank0_only(model_cls, model_id, config, kwargs)
+        else:
+            model, self.model_path = load_hf_model(model_cls, model_id, config, kwargs)
         self.model_id = model_id
         if self.precision.provider is not None:
             model = self.precision.provider.prepare_model(model)
-        self.model = model.to(self.device)
+        self.model = model if _is_meta(model) else model.to(self.device)
         self.optimizer_group: dict[str, OptimizerGroup] = {DEFAULT_GROUP: self._new_group(DEFAULT_GROUP)}
         self.patches: list[Any] = []
 

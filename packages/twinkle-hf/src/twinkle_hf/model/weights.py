@@ -36,7 +36,12 @@ def save_adapter(model: PeftModel, adapter_name: str, directory: Path) -> None:
     (``PeftModel.save_pretrained`` puts non-default adapters in a sub-directory; a flat layout
     loads with ``PeftModel.from_pretrained(base, directory)`` whatever the adapter's name.)
     """
-    state = {k: v.detach().contiguous().cpu() for k, v in adapter_state_dict(model, adapter_name).items()}
+    write_adapter(model, adapter_name, adapter_state_dict(model, adapter_name), directory)
+
+
+def write_adapter(model: PeftModel, adapter_name: str, state: Mapping[str, torch.Tensor], directory: Path) -> None:
+    """The adapter files from ``state`` (full tensors: gathered first when the model is sharded)."""
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     config = copy.deepcopy(model.peft_config[adapter_name])
     config.inference_mode = True

@@ -1,0 +1,77 @@
+"""memory_efficient_init: rank 0 reads the full weights, the other ranks build the model on the meta
+device (no memory) and receive their parameters from rank 0 once the model is wrapped.
+
+DDP broadcasts rank 0's parameters and buffers when it is constructed, so the other ranks only
+need storage (``to_empty``). FSDP2 ranks get their shards with ``set_model_state_dict(...,
+full_state_dict=True, broadcast_from_rank0=True)``; buffers outside the state dict (rotary
+``inv_freq``) are broadcast one by one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from twinkle_hf.distributed import comm
+
+
+def load_rank0_only(model_cls: Any, model_id: str | None, config: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """Rank 0: the usual load. Other ranks: the same architecture on the meta device."""
+    from transformers import AutoConfig
+
+    from twinkle_hf.model import loading
+
+    if comm.rank() == 0:
+        return loading.load_hf_model(model_cls, model_id, config, kwargs)
+    cls = loading.resolve_model_cls(model_cls)
+    kwargs = dict(kwargs)
+    if "torch_dtype" in kwargs and "dtype" not in kwargs:
+        kwargs["dtype"] = kwargs.pop("torch_dtype")
+    kwargs.setdefault("dtype", torch.float32)
+    path = None
+    if model_id is not None:
+        path = loading.resolve_model_path(model_id)
+        loading.check_not_adapter_dir(path)
+        config = config if config is not None else AutoConfig.from_pretrained(path)
+    if config is None:
+        raise ValueError("TransformersModel needs model_id= (hub id or local directory) or config= (random init).")
+    for key in ("trust_remote_code", "attn_implementation"):
+        if key in kwargs and key == "attn_implementation":
+            config._attn_implementation = kwargs[key]
+    dtype = kwargs.pop("dtype")
+    with torch.device("meta"):
+        model = loading._from_config(cls, config, {"dtype": dtype})
+    return model, path
+
+
+def on_meta(model: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def before_wrap(owner: Any) -> dict[str, torch.Tensor] | None:
+    """Give meta ranks storage (DDP) and keep rank 0's full state for the FSDP2 broadcast."""
+    model = owner.model
+    if owner.dist_plan.kind == "ddp":
+        if on_meta(model):
+            model.to_empty(device=owner.device)
+        return None
+    return dict(model.state_dict()) if comm.rank() == 0 else None
+
+
+def after_wrap(owner: Any, full_state: dict[str, torch.Tensor] | None) -> None:
+    """FSDP2: fill every rank's shards (and the non-state buffers) from rank 0's full weights."""
+    if owner.dist_plan.kind == "ddp":
+        return  # DDP's constructor already broadcast rank 0's parameters and buffers
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model = owner.model
+    if on_meta(model):
+        model.to_empty(device=owner.device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full_state if full_state is not None else {}, options=options)
+    persistent = set(model.state_dict())
+    for name, buffer in model.named_buffers():
+        if name not in persistent:
+            dist.broadcast(buffer, src=0)

@@ -1,0 +1,114 @@
+"""Which wrapping a TransformersModel gets, decided from the world size, the DeviceMesh and ``strategy``.
+
+Every check runs before a weight is read, so a wrong launch fails in a second with a message
+naming the numbers and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from twinkle.mesh import DeviceMesh
+
+STRATEGIES = ("accelerate", "native_fsdp")
+#: What the plan decided: no wrapping, torch DDP, native FSDP2 (maybe HSDP), accelerate's FSDP2.
+KINDS = ("none", "ddp", "fsdp2", "accelerate_fsdp2")
+
+
+@dataclass(frozen=True)
+class DistributedPlan:
+    """The wrapping of one model and the mesh it spans."""
+
+    kind: str
+    world_size: int
+    dp_size: int = 1
+    fsdp_size: int = 1
+
+    @property
+    def distributed(self) -> bool:
+        return self.kind != "none"
+
+    @property
+    def sharded(self) -> bool:
+        return self.kind in ("fsdp2", "accelerate_fsdp2")
+
+    @property
+    def hsdp(self) -> bool:
+        return self.sharded and self.dp_size > 1 and self.fsdp_size > 1
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def make_plan(strategy: str, mesh: DeviceMesh | None, world_size: int | None = None) -> DistributedPlan:
+    """The plan for ``strategy`` over ``mesh`` on ``world_size`` processes (default ``WORLD_SIZE``)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}.")
+    world = env_world_size() if world_size is None else world_size
+    if mesh is None:
+        mesh = DeviceMesh.from_sizes(world_size=world)
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"device_mesh must be a twinkle DeviceMesh, got {type(mesh).__name__}.")
+    others = {d: mesh.size(d) for d in ("tp", "pp", "cp") if mesh.size(d) > 1}
+    if others:
+        raise ValueError(f"TransformersModel shards over dp and fsdp only; the mesh has {others}. Use "
+                         "MegatronModel (twinkle-megatron) for tensor/pipeline/context parallelism, or set those "
+                         "sizes to 1.")
+    if world % mesh.fsdp_size:
+        raise ValueError(f"fsdp_size={mesh.fsdp_size} does not divide the world size {world}; pick an fsdp_size "
+                         f"that divides {world} (e.g. {world}) or launch a multiple of {mesh.fsdp_size} processes.")
+    if mesh.world_size != world:
+        raise ValueError(f"The DeviceMesh covers dp={mesh.dp_size} x fsdp={mesh.fsdp_size} = {mesh.world_size} "
+                         f"processes but {world} were launched (WORLD_SIZE). Use "
+                         f"DeviceMesh.from_sizes(fsdp_size={mesh.fsdp_size}) to fill dp from the world size, or "
+                         f"launch {mesh.world_size} processes.")
+    if world == 1:
+        return DistributedPlan("none", 1)
+    if mesh.fsdp_size == 1:
+        return DistributedPlan("ddp", world, dp_size=mesh.dp_size)
+    if strategy == "accelerate" and mesh.dp_size > 1:
+        raise ValueError(f"strategy='accelerate' shards over one dimension; this mesh is HSDP (dp={mesh.dp_size} x "
+                         f"fsdp={mesh.fsdp_size}). Pass strategy='native_fsdp' for replicate x shard, or use "
+                         f"DeviceMesh.from_sizes(fsdp_size={world}).")
+    kind = "fsdp2" if strategy == "native_fsdp" else "accelerate_fsdp2"
+    return DistributedPlan(kind, world, dp_size=mesh.dp_size, fsdp_size=mesh.fsdp_size)
+
+
+def check_process_group(plan: DistributedPlan) -> None:
+    """A multi-process plan needs torch.distributed up: ``twinkle.initialize()`` does it under torchrun."""
+    if not plan.distributed:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"WORLD_SIZE={plan.world_size} but torch.distributed is not initialised: call "
+                           "twinkle.initialize(global_device_mesh=...) before building TransformersModel.")
+
+
+NATIVE_FSDP_KEYS = ("reshard_after_forward", "reduce_dtype")
+
+
+def check_configs(strategy: str, ddp_config: dict | None, fsdp_config: dict | None) -> None:
+    """Unknown ``ddp_config`` / ``fsdp_config`` keys fail at construction, not at the first step."""
+    import dataclasses
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    accepted = set(inspect.signature(DistributedDataParallel.__init__).parameters) - {"self", "module"}
+    unknown = sorted(set(ddp_config or {}) - accepted)
+    if unknown:
+        raise ValueError(f"ddp_config keys {unknown} are not DistributedDataParallel arguments; it takes e.g. "
+                         "bucket_cap_mb, find_unused_parameters, gradient_as_bucket_view, static_graph.")
+    if strategy == "native_fsdp":
+        allowed = set(NATIVE_FSDP_KEYS)
+    else:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        allowed = {f.name for f in dataclasses.fields(FullyShardedDataParallelPlugin)}
+    unknown = sorted(set(fsdp_config or {}) - allowed)
+    if unknown:
+        raise ValueError(f"fsdp_config keys {unknown} are not understood by strategy={strategy!r}; it takes "
+                         f"{', '.join(sorted(allowed)[:12])}{' ...' if len(allowed) > 12 else ''}.")

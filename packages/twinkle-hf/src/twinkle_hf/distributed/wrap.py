@@ -1,0 +1,137 @@
+"""Applying a plan to a module: torch DDP, native FSDP2 (per decoder layer, then the root; HSDP on a
+2-D mesh) or accelerate's FSDP2 plugin. Sharding is verified: parameters must be DTensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from twinkle.mesh import DeviceMesh
+from twinkle_hf.distributed.layers import decoder_layer_classes, modules_of
+from twinkle_hf.distributed.plan import DistributedPlan
+
+_MP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TaskRunner(torch.nn.Module):
+    """The module DDP wraps: its forward runs one task, so every task goes through DDP's hooks."""
+
+    def __init__(self, model: torch.nn.Module, run: Any) -> None:
+        super().__init__()
+        self.model = model
+        self._run = run
+
+    def forward(self, task: str, batch: dict[str, Any], pooling: str | None) -> Any:
+        return self._run(task, batch, pooling)
+
+
+def wrap_ddp(model: torch.nn.Module, run: Any, device: torch.device, ddp_config: dict[str, Any],
+             multi_adapter: bool) -> torch.nn.parallel.DistributedDataParallel:
+    """DDP over a TaskRunner; unused parameters are expected when several adapters share the model."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    config = dict(ddp_config)
+    if multi_adapter:
+        config.setdefault("find_unused_parameters", True)
+    device_ids = [device.index] if device.type != "cpu" and device.index is not None else None
+    # DDP only syncs parameters that require grad when it is built; peft freezes every adapter but the
+    # active one, so all adapter parameters are made trainable for the construction.
+    frozen = [p for n, p in model.named_parameters() if not p.requires_grad and _is_adapter_param(n)]
+    for param in frozen:
+        param.requires_grad_(True)
+    try:
+        return DistributedDataParallel(TaskRunner(model, run), device_ids=device_ids, **config)
+    except TypeError as exc:
+        raise TypeError(f"ddp_config={ddp_config!r} is not valid for torch DistributedDataParallel: {exc}") from exc
+    finally:
+        for param in frozen:
+            param.requires_grad_(False)
+
+
+def _is_adapter_param(name: str) -> bool:
+    return any(tag in name for tag in (".lora_", ".modules_to_save.", ".lora_embedding_"))
+
+
+def torch_mesh(plan: DistributedPlan, mesh: DeviceMesh, device_type: str) -> Any:
+    """A torch DeviceMesh: ('dp', 'fsdp') for HSDP, ('fsdp',) otherwise."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if plan.hsdp:
+        return init_device_mesh(device_type, (plan.dp_size, plan.fsdp_size), mesh_dim_names=("dp", "fsdp"))
+    return init_device_mesh(device_type, (plan.world_size,), mesh_dim_names=("fsdp",))
+
+
+def mp_policy(mixed_precision: str, fsdp_config: dict[str, Any]) -> Any:
+    """FSDP2's MixedPrecisionPolicy: parameters cast to bf16/fp16 for compute, gradients reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = _MP_DTYPES.get(mixed_precision)
+    if dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=fsdp_config.get("reduce_dtype", torch.float32))
+
+
+def wrap_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, plan: DistributedPlan, mesh: DeviceMesh,
+               device: torch.device, mixed_precision: str, fsdp_config: dict[str, Any]) -> list[str]:
+    """``fully_shard`` each decoder layer, then the root (in place); returns the layer classes used."""
+    from torch.distributed.fsdp import fully_shard
+
+    unknown = sorted(set(fsdp_config) - {"reshard_after_forward", "reduce_dtype"})
+    if unknown:
+        raise ValueError(f"fsdp_config keys {unknown} are not understood by strategy='native_fsdp'; it takes "
+                         "reshard_after_forward and reduce_dtype.")
+    classes = decoder_layer_classes(model, hf_model)
+    kwargs = {"mesh": torch_mesh(plan, mesh, device.type), "mp_policy": mp_policy(mixed_precision, fsdp_config),
+              "reshard_after_forward": fsdp_config.get("reshard_after_forward", True)}
+    for layer in modules_of(model, classes):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    check_sharded(model, "native_fsdp")
+    return classes
+
+
+def wrap_accelerate_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, device: torch.device,
+                          fsdp_config: dict[str, Any]) -> tuple[Any, list[str]]:
+    """accelerate's FSDP2 plugin from ``fsdp_config``; returns (accelerator, layer classes).
+
+    accelerate ignores an FSDP plugin when it runs on CPU and wraps in DDP instead; the
+    distributed type is set to FSDP explicitly so it really shards, and the result is checked.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+    classes = decoder_layer_classes(model, hf_model)
+    hf_model._no_split_modules = classes
+    config = {"fsdp_version": 2, "auto_wrap_policy": "transformer_based_wrap",
+              "transformer_cls_names_to_wrap": classes, "reshard_after_forward": True, **fsdp_config}
+    try:
+        plugin = FullyShardedDataParallelPlugin(**config)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"fsdp_config={fsdp_config!r} is not valid for accelerate's "
+                         f"FullyShardedDataParallelPlugin: {exc}") from exc
+    if getattr(plugin, "fsdp_version", 2) != 2:
+        raise ValueError("TransformersModel uses FSDP2: fsdp_config['fsdp_version'] must be 2.")
+    accelerator = Accelerator(fsdp_plugin=plugin, cpu=device.type == "cpu")
+    if accelerator.state.distributed_type != DistributedType.FSDP:
+        accelerator.state.distributed_type = DistributedType.FSDP
+        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+        AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = plugin
+    fsdp2_prepare_model(accelerator, model)
+    check_sharded(model, "accelerate")
+    return accelerator, classes
+
+
+def check_sharded(model: torch.nn.Module, strategy: str) -> None:
+    """Fail loudly unless every parameter is a DTensor (never a silent fallback to replication)."""
+    from torch.distributed.tensor import DTensor
+
+    plain = [n for n, p in model.named_parameters() if not isinstance(p, DTensor)]
+    if plain:
+        raise RuntimeError(f"strategy={strategy!r} left {len(plain)} parameters unsharded (e.g. {plain[:3]}); "
+                           "FSDP2 did not apply. Check the accelerate/torch versions, or use "
+                           "strategy='native_fsdp'.")

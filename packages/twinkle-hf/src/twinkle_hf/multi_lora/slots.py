@@ -1,0 +1,212 @@
+"""LoRA slots on a peft model, and the rank-sliced, row-routed LoRA forward that serves tenants.
+
+Every slot is a peft LoRA adapter of rank ``max_r`` on the same modules. peft's own adapter path
+is switched off on those layers; a forward hook adds each tenant's LoRA instead:
+
+    out[rows] += dropout_t(x[rows]) @ A[:r_t].T @ B[:, :r_t].T * scaling_t      (targeted layers only)
+
+so a tenant with ``r_t < max_r`` trains exactly an ``r_t``-rank adapter (the unused ranks get no
+gradient and are kept at zero), with its own scaling (``lora_alpha / r`` or ``/ sqrt(r)`` with
+rslora), dropout and target modules. A *route* says which tenant owns which rows of the batch:
+one tenant for the whole batch (time-sharing) or several row ranges (batched multi-tenant step).
+The hook raises when called outside a route, so nothing ever falls back to some slot silently.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig
+from peft.tuners.lora import LoraLayer
+from peft.tuners.tuners_utils import check_target_module_exists
+
+from twinkle_hf.multi_lora.sharded import assign, full, is_sharded
+
+#: LoraConfig fields a slot cannot honour, with the value it must keep.
+_UNSUPPORTED = {"use_dora": False, "lora_bias": False, "bias": "none", "modules_to_save": None,
+                "layers_to_transform": None, "fan_in_fan_out": False, "init_lora_weights": True}
+
+
+def matches(config: LoraConfig, name: str) -> bool:
+    """Whether ``config`` targets module ``name`` (peft returns a truthy marker for excluded modules)."""
+    hit = check_target_module_exists(config, name)
+    return bool(hit) and type(hit).__name__ != "_ExcludedModule"
+
+
+@dataclass
+class TenantSpec:
+    """How one tenant uses its slot: rank, scaling, dropout and the layers it targets."""
+
+    slot: str
+    r: int
+    scaling: float
+    dropout: float
+    targets: frozenset[str]
+
+
+@dataclass
+class Route:
+    """Rows ``start:stop`` of the batch (``None``: all rows) go through ``spec``'s LoRA."""
+
+    spec: TenantSpec
+    start: int | None = None
+    stop: int | None = None
+
+
+class LoraSlots:
+    """The tensor side of the slots: creation, initial weights, tenant specs and the routed forward."""
+
+    def __init__(self, layers: dict[str, LoraLayer]) -> None:
+        self.layers = layers
+        self.initial: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.specs: dict[str, TenantSpec] = {}
+        self.routes: Sequence[Route] | None = None
+        for name, layer in layers.items():
+            layer._disable_adapters = True  # the hook below replaces peft's adapter path
+            layer.register_forward_hook(self._hook(name))
+
+    @classmethod
+    def lora_layers(cls, hf_model: torch.nn.Module) -> dict[str, LoraLayer]:
+        """Module name -> peft LoRA layer; only Linear layers can hold slots."""
+        layers = {}
+        for name, module in hf_model.named_modules():
+            if isinstance(module, LoraLayer):
+                if not isinstance(module.get_base_layer(), torch.nn.Linear):
+                    raise ValueError(f"LoRA slots support Linear layers only; {name!r} is "
+                                     f"{type(module.get_base_layer()).__name__}. Narrow target_modules.")
+                layers[name] = module
+        return layers
+
+    # -------------------------------------------------------------------- weights
+    def pair(self, layer: str, slot: str) -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
+        module = self.layers[layer]
+        return module.lora_A[slot].weight, module.lora_B[slot].weight
+
+    def snapshot(self, slot: str) -> None:
+        """Remember the slot's freshly initialised weights (on the CPU), for resets."""
+        self.initial[slot] = {name: tuple(full(p).detach().cpu().clone() for p in self.pair(name, slot))
+                              for name in self.layers}
+
+    @torch.no_grad()
+    def reset(self, slot: str) -> None:
+        """Slot weights back to the snapshot, gradients dropped."""
+        for name, (a0, b0) in self.initial[slot].items():
+            a, b = self.pair(name, slot)
+            assign(a, a0)
+            assign(b, b0)
+            a.grad = b.grad = None
+
+    @torch.no_grad()
+    def zero_unused_ranks(self, spec: TenantSpec, after_step: bool = False) -> None:
+        """Ranks ``>= r`` (and layers the tenant does not target) hold zeros: exactly an r-rank adapter.
+
+        After a step this only re-asserts what zero gradients already keep; sharded (FSDP2) slots skip
+        that (it would all-gather every step).
+        """
+        for name in self.layers:
+            a, b = self.pair(name, spec.slot)
+            if after_step and is_sharded(a):
+                continue
+            if not is_sharded(a):
+                if name in spec.targets:
+                    a[spec.r:].zero_()
+                    b[:, spec.r:].zero_()
+                else:
+                    a.zero_()
+                    b.zero_()
+                continue
+            new_a, new_b = full(a).clone(), full(b).clone()
+            if name in spec.targets:
+                new_a[spec.r:] = 0
+                new_b[:, spec.r:] = 0
+            else:
+                new_a.zero_()
+                new_b.zero_()
+            assign(a, new_a)
+            assign(b, new_b)
+
+    def parameters(self, spec: TenantSpec) -> list[torch.nn.Parameter]:
+        """What the tenant trains: lora_A/lora_B of its slot on the layers it targets."""
+        return [p for name in self.layers if name in spec.targets for p in self.pair(name, spec.slot)]
+
+    # ------------------------------------------------------------------- configs
+    def targets_of(self, config: LoraConfig) -> frozenset[str]:
+        """Slot layers ``config`` targets (``'all-linear'``: every slot layer), minus ``exclude_modules``."""
+        if config.target_modules == "all-linear":
+            config = copy.copy(config)
+            config.target_modules = set(self.layers)
+        return frozenset(name for name in self.layers if matches(config, name))
+
+    def spec_for(self, slot: str, config: LoraConfig) -> TenantSpec:
+        r = int(config.r)
+        scaling = config.lora_alpha / (math.sqrt(r) if config.use_rslora else r)
+        return TenantSpec(slot, r, float(scaling), float(config.lora_dropout or 0.0), self.targets_of(config))
+
+    @staticmethod
+    def check_config(config: Any, all_modules: Sequence[str]) -> None:
+        """Reject what the slots cannot honour, naming the field and the fix."""
+        if not isinstance(config, LoraConfig):
+            raise TypeError(f"A tenant needs a peft LoraConfig, got {type(config).__name__}.")
+        for field_name, allowed in _UNSUPPORTED.items():
+            if getattr(config, field_name, allowed) != allowed:
+                raise ValueError(f"LoraConfig.{field_name}={getattr(config, field_name)!r} is not supported by "
+                                 f"multi-LoRA slots; use {field_name}={allowed!r}.")
+        if config.rank_pattern or config.alpha_pattern:
+            raise ValueError("LoraConfig rank_pattern/alpha_pattern are not supported by multi-LoRA slots; use one r "
+                             "and lora_alpha for every layer.")
+        targets = config.target_modules
+        if targets is None:
+            raise ValueError("The tenant LoraConfig needs target_modules (a list of names, a regex or 'all-linear').")
+        if isinstance(targets, (set, list, tuple)):
+            missing = sorted(t for t in targets if not any(n == t or n.endswith("." + t) for n in all_modules))
+            if missing:
+                raise ValueError(f"LoRA target_modules {missing} do not exist in this model; pick among the slots' "
+                                 "layers.")
+
+    # ------------------------------------------------------------------- forward
+    @contextmanager
+    def route(self, routes: Sequence[Route]) -> Iterator[None]:
+        previous, self.routes = self.routes, list(routes)
+        try:
+            yield
+        finally:
+            self.routes = previous
+
+    def _hook(self, name: str) -> Any:
+        def hook(module: LoraLayer, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+            if self.routes is None:
+                raise RuntimeError(f"LoRA layer {name!r} ran outside a tenant route: run the model through the "
+                                   "MultiLoraTransformersModel API (forward/forward_backward with adapter_name=).")
+            x = args[0]
+            pieces, touched = [], False
+            for route in self.routes:
+                rows = x if route.start is None else x[route.start:route.stop]
+                if name not in route.spec.targets:
+                    pieces.append(None if route.start is None else torch.zeros_like(output[route.start:route.stop]))
+                    continue
+                touched = True
+                pieces.append(self._delta(module, route.spec, rows).to(output.dtype))
+            if not touched:
+                return output
+            if len(pieces) == 1 and self.routes[0].start is None:
+                return output + pieces[0]
+            return output + torch.cat(pieces, dim=0)
+
+        return hook
+
+    @staticmethod
+    def _delta(module: LoraLayer, spec: TenantSpec, x: torch.Tensor) -> torch.Tensor:
+        a = module.lora_A[spec.slot].weight[:spec.r]
+        b = module.lora_B[spec.slot].weight[:, :spec.r]
+        if not torch.is_autocast_enabled(x.device.type):
+            x = x.to(a.dtype)
+        if spec.dropout > 0:
+            x = F.dropout(x, spec.dropout, training=module.training)
+        return F.linear(F.linear(x, a), b) * spec.scaling

@@ -1,0 +1,65 @@
+"""Strategy choice, decoder-layer discovery and config checks: plain functions, one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scenarios import tiny_config
+
+from twinkle import DeviceMesh
+from twinkle_hf.distributed.layers import decoder_layer_classes
+from twinkle_hf.distributed.plan import check_configs, make_plan
+
+
+@pytest.mark.parametrize("strategy,sizes,world,kind,hsdp", [
+    ("accelerate", {}, 1, "none", False),
+    ("accelerate", {"dp_size": 2}, 2, "ddp", False),
+    ("native_fsdp", {"dp_size": 4}, 4, "ddp", False),
+    ("native_fsdp", {"fsdp_size": 2}, 2, "fsdp2", False),
+    ("accelerate", {"fsdp_size": 2}, 2, "accelerate_fsdp2", False),
+    ("native_fsdp", {"dp_size": 2, "fsdp_size": 2}, 4, "fsdp2", True),
+])
+def test_the_mesh_and_strategy_choose_the_wrapping(strategy, sizes, world, kind, hsdp) -> None:
+    plan = make_plan(strategy, DeviceMesh(**sizes), world_size=world)
+    assert (plan.kind, plan.hsdp) == (kind, hsdp)
+
+
+def test_accelerate_refuses_hsdp_and_names_the_fix() -> None:
+    with pytest.raises(ValueError, match="Pass strategy='native_fsdp' for replicate x shard"):
+        make_plan("accelerate", DeviceMesh(dp_size=2, fsdp_size=2), world_size=4)
+
+
+def test_decoder_layers_come_from_the_live_model() -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(tiny_config("qwen2"))
+    assert decoder_layer_classes(model) == ["Qwen2DecoderLayer"]
+
+    class Qwen3_5MoeDecoderLayer(torch.nn.Module):  # the MoE name the title-case guess gets wrong
+        pass
+
+    model.model.layers.append(Qwen3_5MoeDecoderLayer())
+    assert decoder_layer_classes(model) == ["Qwen2DecoderLayer", "Qwen3_5MoeDecoderLayer"]
+
+
+def test_a_user_set_no_split_modules_wins_and_is_checked() -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(tiny_config("qwen2"))
+    model._no_split_modules = ["Qwen2MLP"]
+    assert decoder_layer_classes(model) == ["Qwen2MLP"]
+    model._no_split_modules = ["Qwen2_MoeDecoderLayer"]
+    with pytest.raises(ValueError, match=r"names \['Qwen2_MoeDecoderLayer'\], which this model does not contain"):
+        decoder_layer_classes(model)
+
+
+def test_config_keys_are_checked_at_construction() -> None:
+    from twinkle.model import TransformersModel
+
+    check_configs("native_fsdp", {"bucket_cap_mb": 1, "static_graph": True}, {"reshard_after_forward": False})
+    check_configs("accelerate", None, {"reshard_after_forward": False, "cpu_ram_efficient_loading": True})
+    with pytest.raises(ValueError, match=r"ddp_config keys \['bucket_size'\] are not DistributedDataParallel"):
+        TransformersModel(config=tiny_config("qwen2"), ddp_config={"bucket_size": 1})
+    with pytest.raises(ValueError, match=r"fsdp_config keys \['shard_everything'\] are not understood by "
+                                         r"strategy='native_fsdp'"):
+        TransformersModel(config=tiny_config("qwen2"), strategy="native_fsdp", fsdp_config={"shard_everything": 1})
