@@ -28,5 +28,4 @@ report = {
 }
 with open(os.path.join(out_dir, f"rank{runtime.rank}.json"), "w") as f:
     json.dump(report, f)
-dist.barrier()
-dist.destroy_process_group()
+# no destroy_process_group: twinkle.initialize registered it at exit (gloo aborts without it)

@@ -1,0 +1,5 @@
+"""Multi-tenant LoRA slot bookkeeping, shared by every backend (see ``manager.py``)."""
+
+from twinkle.multi_lora.manager import LoraTenant, MultiLora, SlotBackend
+
+__all__ = ["LoraTenant", "MultiLora", "SlotBackend"]
