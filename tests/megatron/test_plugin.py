@@ -73,11 +73,3 @@ def test_fp8_on_cpu_is_refused_before_anything_is_built(tmp_path):
         megatron_model(save_hf(hf_model("qwen2"), tmp_path), mixed_precision="fp8")
     with pytest.raises(MegatronConfigError, match=r"mixed_precision='fp4' is not one of no, bf16, fp16, fp8"):
         megatron_model(tmp_path, mixed_precision="fp4")
-
-
-def test_multi_lora_megatron_model_is_pending_issue_6():
-    from twinkle.model import MegatronModel, MultiLoraMegatronModel
-
-    assert issubclass(MultiLoraMegatronModel, MegatronModel)
-    with pytest.raises(NotImplementedError, match=r"MultiLora slot manager \(issue #6\)"):
-        MultiLoraMegatronModel(model_id="unused")

@@ -91,6 +91,14 @@ class LoraParallelLinear(nn.Module):
         if self.row and self.sequence_parallel:
             self.lora_B[name].sequence_parallel = True  # its grad is summed over the sequence shards
 
+    def configure(self, name: str, r: int, scaling: float, dropout: float) -> None:
+        """Use only the first ``r`` ranks of adapter ``name``, with this scaling and dropout (multi-LoRA slots)."""
+        if not 1 <= r <= self.lora_A[name].shape[0]:
+            raise ValueError(f"r={r} is outside 1..{self.lora_A[name].shape[0]} for adapter {name!r}.")
+        self.r[name] = r
+        self.scaling[name] = scaling
+        self.lora_dropout[name] = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
     def remove_adapter(self, name: str) -> None:
         for container in (self.lora_A, self.lora_B, self.lora_dropout):
             del container[name]
@@ -116,7 +124,8 @@ class LoraParallelLinear(nn.Module):
     def lora_delta(self, x: torch.Tensor, name: str) -> torch.Tensor:
         from megatron.core import tensor_parallel as tp
 
-        a, b = self.lora_A[name], self.lora_B[name]
+        r = self.r[name]  # a multi-LoRA tenant uses the first r ranks of its slot (all of them otherwise)
+        a, b = self.lora_A[name][:r], self.lora_B[name][:, :r]
         x = self.lora_dropout[name](self._lora_input(x)).to(a.dtype)
         if self.row:
             hidden = torch.matmul(x, a.t())

@@ -99,10 +99,14 @@ class CheckpointMixin:
             raise TypeError(f"get_state_dict() got unexpected arguments {sorted(kwargs)}.")
         group = self._group(adapter_name)
         if group.is_adapter:
-            return export_adapter(self.gpt, group.name, self.args, self.layout)
+            return self._adapter_tensors(group.name)
         return export_from(self.gpt, self.args, self.layout)
 
     # -------------------------------------------------------------- internals
+    def _adapter_tensors(self, adapter: str) -> dict[str, Any]:
+        """The adapter's tensors under PEFT file keys (full across TP); MultiLoraMegatronModel slices a tenant's."""
+        return export_adapter(self.gpt, adapter, self.args, self.layout)
+
     def _load_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:
             tensors, _ = read_adapter(directory)

@@ -139,7 +139,7 @@ def make_driver(model: Any, group: OptimizerGroup, settings: MegatronDistributed
     others = [g.name for g in model.optimizer_group.values() if g.optimizer is not None and g is not group]
     if others:
         raise MegatronConfigError(f"Group {others[0]!r} already owns the Megatron-DDP buffers; on GPU one group per "
-                                  "MegatronModel trains (several tenants are MultiLoraMegatronModel's job, issue #6).")
+                                  "MegatronModel trains.")
     chunks = model.chunks or wrap_for_training(model)
     optimizer = get_megatron_optimizer(settings.config(model.mixed_precision), chunks)
     model.transformer_config.grad_scale_func = optimizer.scale_loss

@@ -17,7 +17,7 @@ import torch
 
 from twinkle_megatron.bridge.hf_io import tensor_bytes, write_index, write_part
 from twinkle_megatron.bridge.transfer import export_from
-from twinkle_megatron.lora.peft_io import adapter_config, export_adapter, write_adapter
+from twinkle_megatron.lora.peft_io import adapter_config, write_adapter
 from twinkle_megatron.model.shared_save import gather_to_rank0, rank
 
 
@@ -63,7 +63,7 @@ def write_full(model: Any, directory: Path) -> None:
 
 def write_adapter_dir(model: Any, adapter: str, directory: Path) -> None:
     """PEFT ``adapter_model.safetensors`` + ``adapter_config.json`` (rank 0 writes)."""
-    tensors = export_adapter(model.gpt, adapter, model.args, model.layout)
+    tensors = model._adapter_tensors(adapter)
     _, dense = _writer(model)
     pieces = gather_to_rank0({k: v.cpu() for k, v in tensors.items()} if dense else {})
     if rank() != 0:

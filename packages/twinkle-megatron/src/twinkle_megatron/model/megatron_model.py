@@ -127,21 +127,3 @@ class MegatronModel(GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin, 
         return (f"MegatronModel({self.args.family.architecture}, {self.device_mesh.describe()}, "
                 f"groups={list(self.optimizer_group)}, mixed_precision={self.mixed_precision!r}, device={self.device})")
 
-
-@remote_class()
-class MultiLoraMegatronModel(MegatronModel):
-    """MegatronModel with pre-allocated LoRA slots for many tenants -- pending twinkle issue #6.
-
-    The tenant slot manager (``acquire_lora`` / ``release_lora`` / ``adapter()``) is a twinkle-core
-    component that does not exist yet; until it does, constructing this class raises instead of
-    pretending. MegatronModel's own ``add_adapter_to_model`` already trains several named LoRA
-    adapters on one model.
-    """
-
-    def __init__(self, model_id: str | None = None, config: Any = None, device_mesh: DeviceMesh | None = None,
-                 mixed_precision: str = "bf16", max_loras: int = 5, max_r: int = 32, max_length: int = 8192,
-                 **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "MultiLoraMegatronModel needs twinkle-core's MultiLora slot manager (issue #6), which is not built yet. "
-            "Use MegatronModel with add_adapter_to_model(name, LoraConfig(...)) for one or several named adapters."
-        )

@@ -1,0 +1,166 @@
+"""MultiLoraMegatronModel: tenant slots on megatron's LoRA layers against independent references.
+
+References: peft's LoRA on the HF model (``PeftModel.from_pretrained`` of the tenant's saved
+adapter) and a plain single-adapter MegatronModel loading the same directory; isolation is checked
+by hashing every slot tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+from megatron_testing import hf_model, make_batch, megatron_model, save_hf
+from peft import LoraConfig, PeftModel
+
+from twinkle.checkpoint import CheckpointError
+
+ATOL = 2e-5
+QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return save_hf(hf_model("qwen2"), tmp_path_factory.mktemp("multi_lora") / "hf")
+
+
+def _multi(base, **kwargs):
+    from twinkle.model import MegatronModel, MultiLoraMegatronModel
+
+    assert issubclass(MultiLoraMegatronModel, MegatronModel)
+
+    kwargs.setdefault("max_loras", 3)
+    kwargs.setdefault("max_r", 8)
+    return MultiLoraMegatronModel(model_id=str(base), mixed_precision="no", **kwargs)
+
+
+def _randomise(model, tenant, seed):
+    """Give the tenant's used ranks non-trivial values (B starts at zero: a no-op adapter)."""
+    gen = torch.Generator().manual_seed(seed)
+    spec = model.slots.specs[model.multi_lora.get(tenant).adapter_name]
+    with torch.no_grad():
+        for name, layer in model.slots.layers().items():
+            if name in spec.targets:
+                b = layer.lora_B[spec.slot]
+                b[:, :spec.r] = 0.1 * torch.randn(b[:, :spec.r].shape, generator=gen)
+
+
+def _slot_hashes(model, slot):
+    digest = {}
+    for name, layer in model.slots.layers().items():
+        for kind, tensor in (("A", layer.lora_A[slot]), ("B", layer.lora_B[slot])):
+            digest[f"{name}.{kind}"] = hashlib.sha256(tensor.detach().numpy().tobytes()).hexdigest()
+    return digest
+
+
+def _hf_logits(model, batch):
+    with torch.no_grad():
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+
+def test_tenant_matches_peft_and_a_single_adapter_model(base, tmp_path):
+    model = _multi(base)
+    model.multi_lora.acquire_lora("other", LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    _randomise(model, "other", seed=7)  # a busy neighbour slot must not leak into the tenant's output
+    name = model.multi_lora.acquire_lora("t", LoraConfig(r=3, lora_alpha=12, lora_dropout=0.1, use_rslora=True,
+                                                          target_modules=QKVO))
+    assert name == "lora_1"
+    _randomise(model, "t", seed=1)
+    batch = make_batch(seed=3)
+    real = batch["attention_mask"].bool()
+    ours = model.forward_only(inputs=batch, adapter_name="t")["logits"]
+    assert torch.equal(ours, model.forward_only(inputs=batch, adapter_name=name)["logits"])  # slot name works too
+
+    path = model.save("t", output_dir=str(tmp_path), adapter_name="t")
+    config = json.loads((tmp_path / "t" / "adapter_config.json").read_text())
+    assert config["r"] == 3 and config["use_rslora"] and sorted(config["target_modules"]) == sorted(QKVO)
+    state = model.get_state_dict(adapter_name="t")
+    assert state["base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight"].shape == (3, 64)
+    assert not any("mlp" in k for k in state)
+
+    peft_ref = PeftModel.from_pretrained(hf_model("qwen2"), path).eval()
+    assert (ours[real] - _hf_logits(peft_ref, batch)[real]).abs().max() <= ATOL
+    assert (ours - _hf_logits(hf_model("qwen2"), batch))[real].abs().max() > 1e-3  # the adapter does something
+
+    single = megatron_model(base)
+    single.add_adapter_to_model("t", path)
+    assert (ours[real] - single.forward_only(inputs=batch)["logits"][real]).abs().max() <= ATOL
+
+
+def test_training_one_tenant_leaves_the_other_bit_identical_and_release_resets(base, tmp_path):
+    model = _multi(base)
+    initial = {slot.adapter_name: _slot_hashes(model, slot.adapter_name) for slot in model.multi_lora.tenants}
+    a = model.multi_lora.acquire_lora("a", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    b = model.multi_lora.acquire_lora("b", LoraConfig(r=2, lora_alpha=4, target_modules=["o_proj", "down_proj"]))
+    model.set_optimizer("default", lr=2e-2, weight_decay=0.1, adapter_name="a")
+    model.set_optimizer("default", lr=2e-2, adapter_name="b")
+    model.forward_backward(inputs=make_batch(seed=9), adapter_name="b")
+    model.clip_grad_and_step(1.0, adapter_name="b")
+    b_before, b_group = _slot_hashes(model, b), model.optimizer_group[b]
+    b_progress = b_group.progress(0)
+    batch = make_batch(seed=5)
+    losses = []
+    with model.multi_lora.adapter("a"):
+        for _ in range(5):
+            losses.append(model.forward_backward(inputs=batch))
+            model.clip_grad_and_step(1.0)
+    assert losses[-1] < losses[0] - 0.05
+    assert _slot_hashes(model, b) == b_before and b_group.progress(0) == b_progress
+    spec = model.slots.specs[a]
+    for layer in model.slots.layers().values():  # ranks >= r stay zero after AdamW with weight decay
+        assert not layer.lora_A[a][spec.r:].any() and not layer.lora_B[a][:, spec.r:].any()
+
+    saved = model.save("a", output_dir=str(tmp_path), adapter_name="a")
+    model.multi_lora.release_lora("a")
+    assert _slot_hashes(model, a) == initial[a] and a not in model.optimizer_group
+    assert model.multi_lora.names() == ["b"] and _slot_hashes(model, b) == b_before
+    with pytest.raises(KeyError, match="No tenant named 'a'"):
+        model.forward_only(inputs=batch, adapter_name="a")
+    assert model.load_lora("a2", saved) == a  # the freed slot, with the trained weights back
+    trained = model.forward_backward(inputs=batch, adapter_name="a2")
+    assert trained == pytest.approx(model.forward_backward(inputs=batch, adapter_name="a2"))
+    assert trained < losses[0] - 0.05
+
+    def step_b() -> dict[str, str]:
+        model.forward_backward(inputs=batch, adapter_name="b")
+        model.clip_grad_and_step(1.0, adapter_name="b")
+        return _slot_hashes(model, b)
+
+    checkpoint = model.save("b-ckpt", output_dir=str(tmp_path), adapter_name="b", save_optimizer=True)
+    after_one = step_b()
+    model.resume_from_checkpoint(checkpoint, adapter_name="b")  # weights, AdamW state and progress back
+    assert _slot_hashes(model, b) == b_before and step_b() == after_one
+
+
+def test_bad_inputs_are_refused_and_leave_the_slots_unchanged(base, tmp_path):
+    model = _multi(base, max_loras=2, max_r=4, max_length=10, target_modules=["o_proj", "down_proj"])
+    model.multi_lora.acquire_lora("a", LoraConfig(r=4, target_modules=["o_proj"]))
+    model.multi_lora.acquire_lora("b", LoraConfig(r=1, target_modules=["down_proj"]))
+    before = {slot.adapter_name: _slot_hashes(model, slot.adapter_name) for slot in model.multi_lora.tenants}
+    with pytest.raises(RuntimeError, match="r=5 but the slots have max_r=4"):
+        model.multi_lora.acquire_lora("x", LoraConfig(r=5, target_modules=["o_proj"]))
+    with pytest.raises(ValueError, match="already holds slot 'lora_0'"):
+        model.multi_lora.acquire_lora("a", LoraConfig(r=2, target_modules=["o_proj"]))
+    with pytest.raises(ValueError, match="modules the slots do not cover"):
+        model.multi_lora.acquire_lora("x", LoraConfig(r=2, target_modules=QKVO))
+    with pytest.raises(ValueError, match=r"use_dora=True\) is not supported"):
+        model.multi_lora.acquire_lora("x", LoraConfig(r=2, target_modules=["o_proj"], use_dora=True))
+    with pytest.raises(RuntimeError, match="All 2 LoRA slots are taken"):
+        model.multi_lora.acquire_lora("c", LoraConfig(r=1, target_modules=["o_proj"]))
+    with pytest.raises(KeyError, match="No tenant named 'nobody'"):
+        model.multi_lora.release_lora("nobody")
+    with pytest.raises(ValueError, match="pass adapter_name=<tenant>"):
+        model.forward_only(inputs=make_batch(seed=1, length=8))
+    with pytest.raises(ValueError, match="12 tokens per row .* max_length=10"):
+        model.forward_only(inputs=make_batch(seed=1, length=12), adapter_name="a")
+    with pytest.raises(NotImplementedError, match="acquire_lora"):
+        model.add_adapter_to_model("x", LoraConfig(r=2, target_modules=["o_proj"]))
+    model.save("b", output_dir=str(tmp_path), adapter_name="b")
+    with pytest.raises(CheckpointError, match="does not fit tenant slot 'lora_0'"):
+        model.load(str(tmp_path / "b"), adapter_name="a")
+    assert model.multi_lora.names() == ["a", "b"]
+    assert {s.adapter_name: _slot_hashes(model, s.adapter_name) for s in model.multi_lora.tenants} == before
+    with pytest.raises(ValueError, match="max_r must be an integer >= 1"):
+        _multi(base, max_r=0)
