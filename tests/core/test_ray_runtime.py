@@ -14,7 +14,6 @@ import twinkle
 from twinkle import DeviceGroup, DeviceMesh
 from twinkle.actors.proxy import RemoteActorError
 
-pytest.importorskip("ray", reason="ray is installed by the test environment (twinkle-core[ray])")
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from ray_toy import ToyTrainer  # noqa: E402
 

@@ -13,8 +13,6 @@ import twinkle
 from twinkle import DeviceGroup, DeviceMesh
 from twinkle.actors.proxy import RemoteActorError
 
-pytest.importorskip("ray", reason="ray is installed by the test environment (twinkle-core[ray])")
-
 
 @pytest.fixture(scope="module")
 def single_process() -> dict:

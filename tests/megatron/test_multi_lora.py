@@ -155,7 +155,7 @@ def test_bad_inputs_are_refused_and_leave_the_slots_unchanged(base, tmp_path):
         model.forward_only(inputs=make_batch(seed=1, length=8))
     with pytest.raises(ValueError, match="12 tokens per row .* max_length=10"):
         model.forward_only(inputs=make_batch(seed=1, length=12), adapter_name="a")
-    with pytest.raises(NotImplementedError, match="acquire_lora"):
+    with pytest.raises(TypeError, match="acquire_lora"):
         model.add_adapter_to_model("x", LoraConfig(r=2, target_modules=["o_proj"]))
     model.save("b", output_dir=str(tmp_path), adapter_name="b")
     with pytest.raises(CheckpointError, match="does not fit tenant slot 'lora_0'"):

@@ -75,5 +75,5 @@ def test_bad_construction(kwargs, words):
 
 
 def test_memory_efficient_init_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="memory_efficient_init"):
+    with pytest.raises(ValueError, match="memory_efficient_init"):
         make_multi(memory_efficient_init=True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
 from twinkle.dataset.errors import DataError
 
 
-class Preprocessor:
+class Preprocessor(ABC):
     """Base of row preprocessors. Subclasses implement :meth:`preprocess`.
 
     ``Dataset.map`` replaces each row by what the preprocessor returns (the raw columns are
@@ -19,8 +20,9 @@ class Preprocessor:
     def __call__(self, row: Mapping[str, Any]) -> dict[str, Any] | None:
         return self.preprocess(row)
 
+    @abstractmethod
     def preprocess(self, row: Mapping[str, Any]) -> dict[str, Any] | None:
-        raise NotImplementedError(f"{type(self).__name__} must implement preprocess(row).")
+        """The standard-format conversation for ``row``, or None to drop it."""
 
     def output_features(self) -> Any:
         """The ``datasets.Features`` of the rows this preprocessor emits (the standard format)."""

@@ -61,7 +61,7 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{option} must be an integer >= 1, got {value!r}.")
         if kwargs.get("memory_efficient_init"):
-            raise NotImplementedError("memory_efficient_init=True is not supported by MultiLoraTransformersModel yet "
+            raise ValueError("memory_efficient_init=True is not supported by MultiLoraTransformersModel yet "
                                       "(slots snapshot their initial weights at construction); leave it False.")
         super().__init__(model_cls, model_id, config, device_mesh, mixed_precision,
                          grad_scaler_config=grad_scaler_config, **kwargs)
@@ -126,8 +126,8 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
             return name
 
     def add_adapter_to_model(self, adapter_name: str, config_or_dir: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("MultiLoraTransformersModel adapters are tenant slots: use "
-                                  "model.multi_lora.acquire_lora(tenant, LoraConfig(...)) or load_lora(tenant, dir).")
+        raise TypeError("MultiLoraTransformersModel adapters are tenant slots: use "
+                        "model.multi_lora.acquire_lora(tenant, LoraConfig(...)) or load_lora(tenant, dir).")
 
     # ------------------------------------------------------- TransformersModel hooks
     def _group(self, adapter_name: str | None = None) -> OptimizerGroup:

@@ -148,7 +148,8 @@ class LoraParallelLinear(nn.Module):
             return out
         result, bias = out if isinstance(out, tuple) else (out, None)
         if not self.row and getattr(self.base_layer, "gather_output", False):
-            raise NotImplementedError("LoRA on a column-parallel layer with gather_output=True is not supported.")
+            raise ValueError("LoRA on a column-parallel layer with gather_output=True is not supported; "
+                             "target layers whose output stays partitioned (gather_output=False).")
         delta = self.lora_delta(x, name)
         result = result + delta.to(result.dtype)
         return (result, bias) if isinstance(out, tuple) else result

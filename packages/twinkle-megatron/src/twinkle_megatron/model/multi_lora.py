@@ -107,8 +107,8 @@ class MultiLoraMegatronModel(MegatronModel):
         return name
 
     def add_adapter_to_model(self, adapter_name: str, config_or_dir: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("MultiLoraMegatronModel adapters are tenant slots: use "
-                                  "model.multi_lora.acquire_lora(tenant, LoraConfig(...)) or load_lora(tenant, dir).")
+        raise TypeError("MultiLoraMegatronModel adapters are tenant slots: use "
+                        "model.multi_lora.acquire_lora(tenant, LoraConfig(...)) or load_lora(tenant, dir).")
 
     # ------------------------------------------------------------ MegatronModel hooks
     def _group(self, adapter_name: str | None = None) -> OptimizerGroup:
