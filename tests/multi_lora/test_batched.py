@@ -96,3 +96,24 @@ def test_a_tenant_left_out_of_the_batch_stays_bit_identical():
     for tenant in ("a", "b"):
         model.clip_grad_and_step(adapter_name=tenant)
     assert tenant_hash(model, "c") == before
+
+
+def _rows(batch: dict) -> list[dict]:
+    """A padded batch as the DataLoader yields it: a list of encoded rows (with position_ids)."""
+    rows = []
+    for ids, mask, labels in zip(batch["input_ids"], batch["attention_mask"], batch["labels"], strict=True):
+        n = int(mask.sum())
+        rows.append({"input_ids": ids[:n].tolist(), "labels": labels[:n].tolist(), "attention_mask": [1] * n,
+                     "position_ids": list(range(n)), "length": n})
+    return rows
+
+
+def test_dataloader_rows_are_accepted_like_tensor_batches():
+    fused, sequential = _model(), _model()
+    batches = {t: make_batch(**BATCHES[t][0]) for t in TENANTS}
+    got = fused.forward_backward_multi({t: _rows(b) for t, b in batches.items()})
+    want = {t: sequential.forward_backward(inputs=_rows(b), adapter_name=t) for t, b in batches.items()}
+    assert got == pytest.approx(want, rel=1e-5)
+    for tenant in TENANTS:
+        for g_fused, g_seq in zip(_grads(fused, tenant), _grads(sequential, tenant), strict=True):
+            torch.testing.assert_close(g_fused, g_seq, **TOL)

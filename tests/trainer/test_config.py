@@ -28,7 +28,7 @@ from twinkle.trainer.config import apply_overrides
     ({"total_step": 3, "eval_interval": 2}, "eval_interval: evaluation needs dataset.eval_samples > 0"),
     ({"total_step": 3, "profile_step": [0]}, "profile_step: steps are counted from 1"),
     ({"total_step": 3, "model": {"mixed_precision": "bf32"}}, "model.mixed_precision"),
-    ({"total_step": 3, "infra_mode": "ray"}, "infra_mode: 'ray' is not supported by the Trainer yet"),
+    ({"total_step": 3, "infra": {"dp_size": 0}}, "infra.dp_size: must be > 0"),
 ])
 def test_bad_config_names_the_field(data: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:

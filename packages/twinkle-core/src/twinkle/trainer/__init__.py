@@ -11,6 +11,7 @@ from twinkle.trainer._validate import ConfigError
 from twinkle.trainer.config import (
     DataloaderConfig,
     DatasetConfig,
+    InfraConfig,
     LoraConfig,
     LossConfig,
     LRConfig,
@@ -27,6 +28,7 @@ __all__ = [
     "DataloaderConfig",
     "DatasetConfig",
     "FitResult",
+    "InfraConfig",
     "LRConfig",
     "LoraConfig",
     "LossConfig",

@@ -143,6 +143,30 @@ class LossConfig:
 
 
 @dataclass
+class InfraConfig:
+    """Where the model runs: ``local`` (this process, or each torchrun process) or ``ray`` actors.
+
+    With ``ray`` this process drives ``dp_size`` model actors (data-parallel ranks on
+    ``device_type`` devices) in a Ray cluster it starts (``num_cpus``) or joins (``ray_address``).
+    """
+
+    mode: Literal["local", "ray"] = "local"
+    dp_size: int = 1
+    device_type: Literal["cpu", "gpu", "npu"] = "cpu"
+    num_cpus: int | None = None
+    ray_address: str | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _positive("dp_size", self.dp_size, allow_none=False)
+        _positive("num_cpus", self.num_cpus)
+        _positive("timeout_s", self.timeout_s)
+        if self.mode == "local" and (self.dp_size != 1 or self.num_cpus or self.ray_address):
+            raise ConfigError("dp_size / num_cpus / ray_address: only used with infra.mode 'ray' (under torchrun the "
+                              "data-parallel size is the number of launched processes).")
+
+
+@dataclass
 class TrainerConfig:
     """Everything :class:`twinkle.trainer.Trainer` needs; see docs/trainer.md for each option."""
 
@@ -153,6 +177,7 @@ class TrainerConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     dataloader: DataloaderConfig = field(default_factory=DataloaderConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    infra: InfraConfig = field(default_factory=InfraConfig)
     load_from: str | None = None
     global_batch_size: int = 8
     total_step: int | None = None
@@ -170,7 +195,7 @@ class TrainerConfig:
     profile_time: bool = True
     profile_memory: bool = False
     seed: int = 42
-    infra_mode: Literal["local", "ray"] = "local"
+    infra_mode: Literal["local", "ray"] | None = None  # older spelling of infra.mode
     progress_bar: bool = True
 
     def __post_init__(self) -> None:
@@ -192,9 +217,12 @@ class TrainerConfig:
         steps = [self.profile_step] if isinstance(self.profile_step, int) else (self.profile_step or [])
         if any(s <= 0 for s in steps):
             raise ConfigError(f"profile_step: steps are counted from 1, got {self.profile_step!r}.")
-        if self.infra_mode == "ray":
-            raise ConfigError("infra_mode: 'ray' is not supported by the Trainer yet; launch with torchrun, or use "
-                              "the component API with twinkle.initialize(mode='ray').")
+        if self.infra_mode is not None:  # the older top-level spelling sets infra.mode
+            self.infra = InfraConfig(**{**asdict(self.infra), "mode": self.infra_mode})
+            self.infra_mode = None
+        if self.infra.mode == "ray" and self.lora.enabled and self.lora.merge_on_export:
+            raise ConfigError("lora.merge_on_export: not available with infra.mode 'ray' (the model lives in the "
+                              "actors); export the adapter and merge it afterwards, or run under torchrun.")
         if not str(self.work_dir).strip():
             raise ConfigError("work_dir: must be a directory path.")
         if self.eval_interval not in (None, -1) and self.dataset.eval_samples == 0:

@@ -71,7 +71,10 @@ def build_model(cfg: TrainerConfig, model_id: str, total_step: int) -> Any:
     from twinkle.registry import resolve
 
     model_cls = resolve("model", cfg.model.type)
-    model = model_cls(model_id=model_id, mixed_precision=cfg.model.mixed_precision, **cfg.model.kwargs)
+    from twinkle.trainer._infra import model_kwargs
+
+    model = model_cls(model_id=model_id, mixed_precision=cfg.model.mixed_precision,
+                      **{**cfg.model.kwargs, **model_kwargs(cfg)})
     adapter = cfg.lora.adapter_name if cfg.lora.enabled else None
     gas = cfg.dataloader.gradient_accumulation_steps
     if cfg.lora.enabled:

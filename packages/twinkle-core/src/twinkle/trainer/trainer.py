@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.log import get_logger
-from twinkle.trainer import _dist, setup, store
+from twinkle.trainer import _dist, _infra, setup, store
 from twinkle.trainer._validate import ConfigError
 from twinkle.trainer.config import TrainerConfig
 from twinkle.trainer.export import export_hf
@@ -72,11 +72,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ fit
     def fit(self) -> FitResult:
-        import twinkle
+        """Train to total_step (or until a stop request); in ray mode the actors are stopped on return."""
+        try:
+            return self._fit()
+        finally:
+            _infra.shutdown(self.config)
+
+    def _fit(self) -> FitResult:
         from twinkle.dataloader import DataLoader
 
         cfg, started = self.config, time.perf_counter()
-        runtime = twinkle.initialize(mode=cfg.infra_mode, seed=cfg.seed)
+        runtime = _infra.initialize(cfg)
         self.is_main = runtime.rank == 0
         if self.is_main:
             store.clean_stale(self.ckpt_root)
@@ -94,11 +100,12 @@ class Trainer:
         total = cfg.total_step or max(len(loader) // gas, 1) * cfg.total_epoch
         self.model = model = setup.build_model(cfg, model_id, total)
         self.adapter = cfg.lora.adapter_name if cfg.lora.enabled else None
+        self.progress = group = _infra.progress(cfg, model, self.adapter)
         if init_ckpt is not None:
-            model.resume_from_checkpoint(str(init_ckpt), resume_only_model=True, adapter_name=self.adapter)
+            group.restore(model.resume_from_checkpoint(str(init_ckpt), resume_only_model=True,
+                                                       adapter_name=self.adapter))
             logger.info("loaded weights from trainer checkpoint %s", init_ckpt)
         state, resumed_from = self._auto_resume(loader) if cfg.auto_resume else ({}, None)
-        group = model.optimizer_group[self.adapter or next(iter(model.optimizer_group))]
         self.best = state.get("best_eval_loss")
         self.best = math.inf if self.best is None else self.best
         tracker = make_tracker(cfg.exp_tracker, self.work_dir, group.cur_step) if self.is_main else None
@@ -115,6 +122,7 @@ class Trainer:
                         model.forward_backward(inputs=batch, adapter_name=self.adapter, task=cfg.loss.task)
                         model.clip_grad_and_step(max_grad_norm=cfg.optimizer.max_grad_norm,
                                                  adapter_name=self.adapter, gradient_accumulation_steps=gas)
+                        group.micro_batch_done()
                         batches += 1
                         if not group.micro_step:
                             break
@@ -124,6 +132,7 @@ class Trainer:
                     continue
                 step = group.cur_step
                 metric = model.calculate_metric(is_training=True, adapter_name=self.adapter)
+                group.check(metric)
                 last_loss = float(metric.get("loss", math.nan))
                 record = {k: float(v) for k, v in metric.items() if k != "step" and _is_number(v)}
                 record.update(profiler.last)
@@ -189,6 +198,7 @@ class Trainer:
                 logger.warning("auto_resume: checkpoint %s is damaged (%s); falling back to the previous one.",
                                path.name, exc)
                 continue
+            self.progress.restore(progress)
             loader.resume_from_checkpoint(progress["consumed_train_samples"])
             logger.info("auto_resume: resumed from %s (step %d, %d samples consumed)", path, step,
                         progress["consumed_train_samples"])

@@ -22,7 +22,7 @@ from twinkle_hf.model.tasks import run_task
 from twinkle_hf.multi_lora.slots import Route
 
 #: Keys stacked across tenants, with their padding value.
-_PAD = {"input_ids": None, "attention_mask": 0, "labels": -100}
+_PAD = {"input_ids": None, "attention_mask": 0, "labels": -100, "position_ids": 0}
 
 
 class BatchedMixin:
@@ -128,6 +128,9 @@ def _stack(batches: dict[str, dict[str, Any]], pad_ids: dict[str, int]) -> tuple
     """Right-pad every tenant's rows to one width and stack them; returns the row range of each tenant."""
     for t, batch in batches.items():
         extra = sorted(set(batch) - set(_PAD))
+        if "position_ids" in batch and "attention_mask" not in batch:
+            raise ValueError(f"Tenant {t!r}'s batch is packed (position_ids without attention_mask); "
+                             "forward_backward_multi stacks padded rows: collate without padding_free.")
         if extra or "input_ids" not in batch:
             raise ValueError(f"Tenant {t!r}'s batch has keys {sorted(batch)}; forward_backward_multi stacks "
                              f"{', '.join(_PAD)} only (input_ids required).")

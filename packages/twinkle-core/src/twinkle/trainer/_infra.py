@@ -1,0 +1,101 @@
+"""Local vs Ray: the runtime the Trainer starts and how it follows the optimizer step.
+
+In ray mode the model is a proxy for ``infra.dp_size`` actors; the Trainer's loop stays in this
+process (the DataLoader yields whole global batches, the proxy slices them by data rank), and it
+only calls the model's methods, never reads its attributes (those would be copies from rank 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twinkle.trainer.config import TrainerConfig
+
+#: The device group the Trainer's model actors form in ray mode.
+RAY_GROUP = "trainer"
+
+
+def initialize(cfg: TrainerConfig) -> Any:
+    """``twinkle.initialize`` for ``cfg.infra``; ray mode declares one group of ``dp_size`` ranks."""
+    import twinkle
+
+    infra = cfg.infra
+    if infra.mode != "ray":
+        return twinkle.initialize(mode="local", seed=cfg.seed)
+    from twinkle import DeviceGroup, DeviceMesh
+
+    return twinkle.initialize(
+        mode="ray", global_device_mesh=DeviceMesh.from_sizes(dp_size=infra.dp_size),
+        groups=[DeviceGroup(RAY_GROUP, infra.dp_size, device_type=infra.device_type)], seed=cfg.seed,
+        num_cpus=infra.num_cpus, ray_address=infra.ray_address, timeout_s=infra.timeout_s,
+    )
+
+
+def model_kwargs(cfg: TrainerConfig) -> dict[str, Any]:
+    """Extra constructor arguments: ``remote_group`` in ray mode."""
+    return {"remote_group": RAY_GROUP} if cfg.infra.mode == "ray" else {}
+
+
+def progress(cfg: TrainerConfig, model: Any, adapter: str | None) -> GroupProgress | CountedProgress:
+    """How the Trainer follows the step: the model's group (local) or its own count (ray)."""
+    if cfg.infra.mode == "ray":
+        return CountedProgress(cfg.dataloader.gradient_accumulation_steps)
+    return GroupProgress(model, adapter)
+
+
+def shutdown(cfg: TrainerConfig) -> None:
+    """Stop the Ray actors (and a Ray session ``initialize`` began); nothing in local mode."""
+    if cfg.infra.mode == "ray":
+        import twinkle
+
+        twinkle.shutdown()
+
+
+class GroupProgress:
+    """Step and accumulation position read from the model's own optimizer group (local mode)."""
+
+    def __init__(self, model: Any, adapter: str | None) -> None:
+        self._group = model.optimizer_group[adapter or next(iter(model.optimizer_group))]
+
+    @property
+    def cur_step(self) -> int:
+        return self._group.cur_step
+
+    @property
+    def micro_step(self) -> int:
+        return self._group.micro_step
+
+    def micro_batch_done(self) -> None:
+        """Called after each ``clip_grad_and_step``; the group counts by itself."""
+
+    def restore(self, progress: dict[str, int]) -> None:
+        """Called with ``resume_from_checkpoint``'s result; the group restored itself."""
+
+    def check(self, metric: dict[str, Any]) -> None:
+        """Nothing to reconcile: the group is the source of truth."""
+
+
+class CountedProgress:
+    """Step and accumulation position counted here (ray mode), as the model's group counts them.
+
+    ``clip_grad_and_step`` steps the optimizer every ``gradient_accumulation_steps`` calls; the
+    step number in each training metric (``step``) is checked against the count.
+    """
+
+    def __init__(self, gradient_accumulation_steps: int, cur_step: int = 0) -> None:
+        self.gas, self.cur_step, self.micro_step = gradient_accumulation_steps, cur_step, 0
+
+    def micro_batch_done(self) -> None:
+        self.micro_step += 1
+        if self.micro_step >= self.gas:
+            self.micro_step, self.cur_step = 0, self.cur_step + 1
+
+    def restore(self, progress: dict[str, int]) -> None:
+        """Continue from a checkpoint's progress: a fresh accumulation window at its step."""
+        self.cur_step, self.micro_step = int(progress["cur_step"]), 0
+
+    def check(self, metric: dict[str, Any]) -> None:
+        step = metric.get("step")
+        if step is not None and int(step) != self.cur_step:
+            raise RuntimeError(f"The model actors are at step {int(step)} but the Trainer counted {self.cur_step}; "
+                               "the model's gradient accumulation differs from dataloader.gradient_accumulation_steps.")
