@@ -206,10 +206,18 @@ class OptimizerGroup:
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
         }
 
-    def restore_progress(self, state: Mapping[str, Any]) -> None:
-        """Continue from a checkpoint's progress: a fresh accumulation window at ``cur_step``."""
+    def trainer_state(self, consumed_train_samples: int, **extra: Any) -> dict[str, Any]:
+        """This group's ``trainer_state.json`` record: progress, identity, and the backend's ``extra`` fields."""
+        import twinkle
+
+        return {**self.progress(consumed_train_samples), "adapter_name": self.name, "is_adapter": self.is_adapter,
+                "twinkle_version": twinkle.__version__, **extra}
+
+    def restore_progress(self, state: Mapping[str, Any]) -> dict[str, int]:
+        """Continue from a checkpoint's progress (a fresh accumulation window at ``cur_step``); returns it."""
         self.cur_step = int(state["cur_step"])
         self.gradient_accumulation_steps = check_accumulation_steps(int(state["gradient_accumulation_steps"]))
         self.stepped = False
         self.lr_step_pending = False
         self._close_window()
+        return {k: int(state[k]) for k in ("cur_step", "consumed_train_samples", "gradient_accumulation_steps")}

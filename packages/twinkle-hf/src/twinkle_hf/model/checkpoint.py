@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import twinkle
 from twinkle.checkpoint import (
     OPTIMIZER_FILE,
     RNG_FILE,
@@ -64,10 +63,8 @@ class CheckpointMixin:
             self._save_weights(group, tmp)
             if save_optimizer:
                 self._save_training_state(group, tmp)
-            write_trainer_state(tmp, {**group.progress(consumed_train_samples), "adapter_name": group.name,
-                                      "is_adapter": group.is_adapter, "mixed_precision": self.mixed_precision,
-                                      "has_optimizer_state": bool(save_optimizer),
-                                      "twinkle_version": twinkle.__version__})
+            write_trainer_state(tmp, group.trainer_state(consumed_train_samples, mixed_precision=self.mixed_precision,
+                                                         has_optimizer_state=bool(save_optimizer)))
         return str(final)
 
     def load(self, name: str, output_dir: str | None = None, *, adapter_name: str | None = None,
@@ -101,14 +98,12 @@ class CheckpointMixin:
             from twinkle_hf.distributed.checkpoint import load_sharded
 
             load_sharded(self, group, directory, with_training_state=not resume_only_model)
-            group.restore_progress(state)
-            return {k: int(state[k]) for k in ("cur_step", "consumed_train_samples", "gradient_accumulation_steps")}
+            return group.restore_progress(state)
         restore = None if resume_only_model else self._read_training_state(group, directory)
         self._load_weights(group, directory)
         if restore is not None:
             self._apply_training_state(group, restore)
-        group.restore_progress(state)
-        return {k: int(state[k]) for k in ("cur_step", "consumed_train_samples", "gradient_accumulation_steps")}
+        return group.restore_progress(state)
 
     def get_state_dict(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """The group's weights: the adapter's (PEFT file keys) or the full model's ``state_dict``."""
@@ -142,12 +137,10 @@ class CheckpointMixin:
                 tokenizer = getattr(group.template, "tokenizer", None)
                 if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
                     tokenizer.save_pretrained(str(tmp))
-                write_trainer_state(tmp, {**group.progress(consumed_train_samples), "adapter_name": group.name,
-                                          "is_adapter": group.is_adapter, "mixed_precision": self.mixed_precision,
-                                          "has_optimizer_state": bool(save_optimizer),
-                                          "world_size": self.dist_plan.world_size,
-                                          "strategy": self.dist_plan.kind,
-                                          "twinkle_version": twinkle.__version__})
+                write_trainer_state(tmp, group.trainer_state(
+                    consumed_train_samples, mixed_precision=self.mixed_precision,
+                    has_optimizer_state=bool(save_optimizer), world_size=self.dist_plan.world_size,
+                    strategy=self.dist_plan.kind))
         return str(final)
 
     def _save_weights(self, group: OptimizerGroup, directory: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import twinkle
 from twinkle.checkpoint import (
     OPTIMIZER_FILE,
     RNG_FILE,
@@ -62,10 +61,9 @@ class CheckpointMixin:
                 tokenizer = getattr(group.template, "tokenizer", None)
                 if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
                     tokenizer.save_pretrained(str(tmp))
-                write_trainer_state(tmp, {**group.progress(consumed_train_samples), "adapter_name": group.name,
-                                          "is_adapter": group.is_adapter, "mixed_precision": self.mixed_precision,
-                                          "has_optimizer_state": bool(save_optimizer), "backend": "megatron",
-                                          "twinkle_version": twinkle.__version__})
+                write_trainer_state(tmp, group.trainer_state(
+                    consumed_train_samples, mixed_precision=self.mixed_precision,
+                    has_optimizer_state=bool(save_optimizer), backend="megatron"))
         return str(final)
 
     def load(self, name: str, output_dir: str | None = None, *, adapter_name: str | None = None,
@@ -90,8 +88,7 @@ class CheckpointMixin:
         self._load_weights(group, directory)
         if restore is not None:
             self._apply_training_state(group, directory, restore)
-        group.restore_progress(progress)
-        return {k: int(progress[k]) for k in ("cur_step", "consumed_train_samples", "gradient_accumulation_steps")}
+        return group.restore_progress(progress)
 
     def get_state_dict(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """HF-named weights of this pipeline stage (full across TP): the adapter's (PEFT keys) or the model's."""
