@@ -221,3 +221,17 @@ class OptimizerGroup:
         self.lr_step_pending = False
         self._close_window()
         return {k: int(state[k]) for k in ("cur_step", "consumed_train_samples", "gradient_accumulation_steps")}
+
+
+def lookup_group(groups: Mapping[str, OptimizerGroup], adapter_name: str | None) -> OptimizerGroup:
+    """The group for ``adapter_name``; with a single group the name may be omitted. Never a silent fallback."""
+    if adapter_name is None:
+        if len(groups) == 1:
+            return next(iter(groups.values()))
+        raise ValueError(f"This model has {len(groups)} adapters ({', '.join(groups)}); pass adapter_name= to say "
+                         "which one.")
+    group = groups.get(adapter_name)
+    if group is None:
+        raise KeyError(f"No adapter named {adapter_name!r}; this model has: {', '.join(groups)}. "
+                       "Add it with add_adapter_to_model(name, LoraConfig(...)) first.")
+    return group

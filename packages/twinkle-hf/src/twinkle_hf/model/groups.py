@@ -17,7 +17,7 @@ from peft import PeftConfig, PeftModel, get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import ModulesToSaveWrapper
 
-from twinkle.model.optimizer_group import DEFAULT_GROUP, OptimizerGroup, check_accumulation_steps
+from twinkle.model.optimizer_group import DEFAULT_GROUP, OptimizerGroup, check_accumulation_steps, lookup_group
 
 _ADAPTER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 _GROUP_OPTIONS = ("gradient_accumulation_steps",)
@@ -32,16 +32,7 @@ class GroupsMixin:
     # ------------------------------------------------------------------ lookup
     def _group(self, adapter_name: str | None = None) -> OptimizerGroup:
         """The group for ``adapter_name``; with a single group the name may be omitted."""
-        if adapter_name is None:
-            if len(self.optimizer_group) == 1:
-                return next(iter(self.optimizer_group.values()))
-            raise ValueError(f"This model has {len(self.optimizer_group)} adapters "
-                             f"({', '.join(self.optimizer_group)}); pass adapter_name= to say which one.")
-        group = self.optimizer_group.get(adapter_name)
-        if group is None:
-            raise KeyError(f"No adapter named {adapter_name!r}; this model has: {', '.join(self.optimizer_group)}. "
-                           "Add it with add_adapter_to_model(name, LoraConfig(...)) first.")
-        return group
+        return lookup_group(self.optimizer_group, adapter_name)
 
     @property
     def is_peft(self) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from twinkle.model.optimizer_group import DEFAULT_GROUP, OptimizerGroup, check_accumulation_steps
+from twinkle.model.optimizer_group import DEFAULT_GROUP, OptimizerGroup, check_accumulation_steps, lookup_group
 from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.lora.inject import adapter_parameters, add_lora, check_lora_config, set_active, target_suffixes
 from twinkle_megatron.lora.peft_io import import_adapter, read_adapter
@@ -32,16 +32,7 @@ class GroupsMixin:
     adapters: dict[str, dict[str, Any]]
 
     def _group(self, adapter_name: str | None = None) -> OptimizerGroup:
-        if adapter_name is None:
-            if len(self.optimizer_group) == 1:
-                return next(iter(self.optimizer_group.values()))
-            raise ValueError(f"This model has {len(self.optimizer_group)} adapters "
-                             f"({', '.join(self.optimizer_group)}); pass adapter_name= to say which one.")
-        group = self.optimizer_group.get(adapter_name)
-        if group is None:
-            raise KeyError(f"No adapter named {adapter_name!r}; this model has: {', '.join(self.optimizer_group)}. "
-                           "Add it with add_adapter_to_model(name, LoraConfig(...)) first.")
-        return group
+        return lookup_group(self.optimizer_group, adapter_name)
 
     def _activate(self, group: OptimizerGroup) -> None:
         set_active(self.gpt, group.name if group.is_adapter else None)
