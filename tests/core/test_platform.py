@@ -23,7 +23,7 @@ def test_npu_is_registered_by_twinkle_npu_and_unavailable_without_torch_npu():
     from twinkle_npu.platform import NPUPlatform
 
     assert platforms()["npu"] is NPUPlatform
-    assert (NPUPlatform.dist_backend, NPUPlatform.device_type) == ("hccl", "npu")
+    assert (NPUPlatform.dist_backend, NPUPlatform.device_type) == ("cpu:gloo,npu:hccl", "npu")
     assert "torch_npu" not in sys.modules
     assert NPUPlatform.is_available() is False and Torch.is_npu_available() is False
     with pytest.raises(RuntimeError, match="pip install torch-npu"):

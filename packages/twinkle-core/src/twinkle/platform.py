@@ -20,6 +20,8 @@ class Platform:
 
     name: ClassVar[str] = ""
     device_type: ClassVar[str] = ""
+    #: torch.distributed backend string. Accelerators pair their collective library with gloo
+    #: (``"cpu:gloo,cuda:nccl"``) so object collectives and checkpoint agreement keep a CPU path.
     dist_backend: ClassVar[str] = "gloo"
     priority: ClassVar[int] = 0
 
@@ -40,6 +42,11 @@ class Platform:
         import torch
 
         return torch.device(cls.device_type, local_rank) if cls.device_count() else torch.device(cls.device_type)
+
+    @classmethod
+    def comm_device(cls):
+        """The device of tensors handed to collectives (``twinkle.collective``): this process's device."""
+        return cls.device(int(os.environ.get("LOCAL_RANK", "0") or 0))
 
 
 class CPUPlatform(Platform):
@@ -66,7 +73,7 @@ class CPUPlatform(Platform):
 class CUDAPlatform(Platform):
     name = "cuda"
     device_type = "cuda"
-    dist_backend = "nccl"
+    dist_backend = "cpu:gloo,cuda:nccl"
     priority = 10
 
     @classmethod
@@ -86,6 +93,12 @@ class CUDAPlatform(Platform):
         import torch
 
         torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
+
+    @classmethod
+    def comm_device(cls):
+        import torch
+
+        return torch.device("cuda", torch.cuda.current_device())
 
 
 def platforms() -> dict[str, type[Platform]]:

@@ -22,7 +22,7 @@ def _torch_npu() -> ModuleType | None:
 class NPUPlatform(Platform):
     name = "npu"
     device_type = "npu"
-    dist_backend = "hccl"
+    dist_backend = "cpu:gloo,npu:hccl"
     priority = 20
 
     @classmethod
@@ -50,3 +50,9 @@ class NPUPlatform(Platform):
         import torch
 
         torch.npu.set_device(local_rank % max(1, torch.npu.device_count()))
+
+    @classmethod
+    def comm_device(cls):
+        import torch
+
+        return torch.device("npu", torch.npu.current_device())
