@@ -27,6 +27,7 @@ PROCESSOR_FILES = (
     "merges.txt", "tokenizer.model", "added_tokens.json",
 )
 PROCESSOR_PATTERNS = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+_WARNED: set[str] = set()  # directories whose image-only fallback was already reported
 
 
 def load_processor(model_id: str) -> Any:
@@ -44,9 +45,11 @@ def load_processor(model_id: str) -> Any:
         if processor is None:
             raise DataError(f"Could not load a processor from {model_id!r} ({path}): {type(exc).__name__}: {exc}") \
                 from exc
-        logger.warning("%s: transformers could not build the video processor (%s: %s); using %s for images only. "
-                       "Videos need torchvision installed for this torch build.", model_id, type(exc).__name__,
-                       str(exc).splitlines()[0][:200], type(processor).__name__)
+        if str(path) not in _WARNED:
+            _WARNED.add(str(path))
+            logger.warning("%s: transformers could not build the video processor (%s: %s); using %s for images only. "
+                           "Videos need torchvision installed for this torch build.", model_id, type(exc).__name__,
+                           str(exc).splitlines()[0][:200], type(processor).__name__)
     if not hasattr(processor, "image_processor"):
         raise DataError(f"{model_id!r} has no image processor (got {type(processor).__name__}); it is not a "
                         "vision-language model. Use a text template (Qwen2_5Template, ...) for it.")

@@ -137,18 +137,21 @@ class VLTemplate(Template):
 
     def _process(self, texts: list[str], media: list[dict[str, list[Any]]], indices: list[int]
                  ) -> list[tuple[list[int], Any, list[bool]]]:
-        """Expand and tokenize with the processor: (ids, spans -> labels, media-token mask) per text."""
+        """Expand and tokenize with the processor: (ids, spans -> labels, media-token mask) per text.
+
+        A failing batch is re-run row by row to name the row."""
         try:
             return self._process_batch(texts, media)
-        except Exception:
-            if len(texts) == 1:
-                raise
-            for text, item, index in zip(texts, media, indices):  # find the row to name it
+        except Exception as exc:
+            failure, where = exc, indices[0]
+            for text, item, index in zip(texts, media, indices):
                 try:
                     self._process_batch([text], [item])
-                except Exception as exc:
-                    raise DataError(f"row {index}: the processor failed: {_describe(exc)}") from None
-            raise
+                except Exception as row_exc:
+                    failure, where = row_exc, index
+                    break
+            detail = str(failure) if isinstance(failure, DataError) else f"the processor failed: {_describe(failure)}"
+            raise DataError(f"row {where}: {detail}") from None
 
     def _process_batch(self, texts: list[str], media: list[dict[str, list[Any]]]
                        ) -> list[tuple[list[int], Any, list[bool]]]:
@@ -161,16 +164,9 @@ class VLTemplate(Template):
             raise DataError(f"the row has a video but {type(self.processor).__name__} has no video processor: "
                             "transformers builds video processors on torchvision, which is not installed for this "
                             "torch. Install torchvision, or drop the videos.")
-        try:
-            out = self.processor(text=texts, images=images or None, videos=videos or None,
-                                 return_text_replacement_offsets=True, return_offsets_mapping=True,
-                                 add_special_tokens=False)
-        except DataError:
-            raise
-        except Exception as exc:
-            if len(texts) == 1:
-                raise DataError(f"the processor failed: {_describe(exc)}") from None
-            raise
+        out = self.processor(text=texts, images=images or None, videos=videos or None,
+                             return_text_replacement_offsets=True, return_offsets_mapping=True,
+                             add_special_tokens=False)
         if "text_replacement_offsets" not in out or "offset_mapping" not in out:
             raise DataError(f"{type(self.processor).__name__} does not report where it expanded the media tokens "
                             "(text_replacement_offsets); VL templates need transformers >= 5.")
@@ -192,7 +188,9 @@ class VLTemplate(Template):
                       media: dict[str, list[Any]], index: int) -> EncodeResult:
         n, limit = len(ids), self.max_length
         if limit is not None and n > limit and self.truncation_strategy in ("left", "right"):
-            cut = media_mask[:n - limit] if self.truncation_strategy == "left" else media_mask[limit:]
+            # an item's tokens and the marker token on each side of them (<|vision_start|>, <|vision_end|>)
+            item = [any(media_mask[max(k - 1, 0):k + 2]) for k in range(n)]
+            cut = item[:n - limit] if self.truncation_strategy == "left" else item[limit:]
             if any(cut):
                 return None, "truncation would cut through an image or video"
         encoded, why = self._finish(ids, labels, index)
