@@ -7,6 +7,9 @@
   (tokenizer.json, tokenizer_config.json with a ChatML chat template) and the config.json of a
   tiny Qwen2 causal LM sized to it (scripts/make_tokenizer.py). No weights: build the model with
   ``from_config``.
+- ``tiny-qwen2.5-vl``, ``tiny-qwen3-vl``: tiny vision-language model directories (config.json of a
+  Qwen2.5-VL / Qwen3-VL with a 2-block vision tower, the tokenizer above plus the vision tokens, a
+  processor with a small image processor and the Qwen-VL chat template; scripts/make_tiny_vl.py).
 
 Address them as ``twinkle://NAME`` anywhere a path or hub id is accepted (see :mod:`twinkle.hub`).
 """
@@ -22,6 +25,8 @@ ASSETS: dict[str, str] = {
     "self-cognition": "self_cognition.jsonl",
     "tiny-qwen": "tiny-qwen",
     "tokenizer": "tiny-qwen",
+    "tiny-qwen2.5-vl": "tiny-qwen2.5-vl",
+    "tiny-qwen3-vl": "tiny-qwen3-vl",
 }
 
 #: what ``model_id=None`` means for a template: the embedded tokenizer

@@ -140,7 +140,7 @@ class Dataset:
             if hasattr(proc, "output_features"):
                 import datasets
 
-                features = datasets.Features({**proc.output_features(),
+                features = datasets.Features({**transforms.preprocess_features(proc, ds.features),
                                               transforms.DROP_COLUMN: datasets.Value("string")})
                 fn = transforms.PreprocessBatch(proc, [c for c in features if c != transforms.DROP_COLUMN], strict)
                 out = ds.map(fn, batched=True, with_indices=True, batch_size=batch_size, remove_columns=ds.column_names,
@@ -192,9 +192,10 @@ class Dataset:
         """Tokenize every conversation with the template set by :meth:`set_template`.
 
         The result holds only ``input_ids``, ``labels``, ``attention_mask``, ``position_ids`` and
-        ``length``. Rows dropped by ``truncation_strategy='delete'`` (or left with no trained
-        token) are counted in a warning. Pass ``load_from_cache_file=True`` to reuse a cached encoding
-        (keyed by the source, the tokenizer, the chat template and the template settings).
+        ``length`` (a VL template keeps the rows' ``images``/``videos`` too, as paths/bytes). Rows
+        dropped by ``truncation_strategy='delete'`` (or left with no trained token) are counted in a
+        warning. Pass ``load_from_cache_file=True`` to reuse a cached encoding (keyed by the source,
+        the tokenizer, the chat template and the template settings).
         """
         from datasets.fingerprint import Hasher
 
@@ -212,7 +213,8 @@ class Dataset:
                     "standard format first, e.g. dataset.map(MessagesProcessor()) or dataset.map(AlpacaProcessor())."
                 )
             out = ds.map(transforms.EncodeBatch(template), batched=True, with_indices=True, batch_size=batch_size,
-                         remove_columns=ds.column_names, features=transforms.encoded_features(), num_proc=num_proc,
+                         remove_columns=ds.column_names, features=transforms.encoded_features(template),
+                         num_proc=num_proc,
                          new_fingerprint=Hasher.hash([ds._fingerprint, template_fp, "twinkle-encode"]),
                          desc="twinkle encode", **{"load_from_cache_file": False, **map_kwargs})
             out = transforms.drop_marked(out, f"encode() of {self._metas[key].describe()}", num_proc)

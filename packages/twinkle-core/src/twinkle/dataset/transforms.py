@@ -56,10 +56,47 @@ class PreprocessBatch:
                 reason = f"returned None by {self.name}"
             if result is not None and not isinstance(result, Mapping):
                 raise DataError(f"{self.name} returned a {type(result).__name__} for row {index}; expected a dict.")
+            if result is not None:
+                _check_columns(result, self.columns, self.name, index)
             for c in self.columns:
                 out[c].append(result.get(c) if result is not None else None)
             out[DROP_COLUMN].append(reason)
         return out
+
+
+def _check_columns(result: Mapping[str, Any], columns: list[str], name: str, index: int) -> None:
+    """A preprocessor output field the dataset has no column for would be lost: refuse it."""
+    lost = [c for c in result if c not in columns and result[c]]
+    if lost:
+        raise DataError(f"{name} returned {lost} for row {index} but the mapped dataset has no such column "
+                        f"(columns: {columns}). A preprocessor that adds images/videos to rows without such source "
+                        "columns declares them: output_features() -> message_features(media=True).")
+
+
+def preprocess_features(preprocessor: Any, source: Any) -> dict[str, Any]:
+    """The preprocessor's output features; the media columns too when the source carries images or videos
+    (an image/video column, or message contents given as lists of parts)."""
+    from twinkle.multimodal.media import IMAGE_COLUMNS, VIDEO_COLUMNS, media_features
+
+    features = dict(preprocessor.output_features())
+    source = dict(source or {})
+    if "images" not in features and (set(source) & {*IMAGE_COLUMNS, *VIDEO_COLUMNS} or any(
+            not _text_content(source[c]) for c in ("messages", "conversations") if c in source)):
+        features.update(media_features())
+    return features
+
+
+def _text_content(feature: Any) -> bool:
+    """Whether a messages/conversations feature holds plain string contents."""
+    import datasets
+
+    inner = getattr(feature, "feature", feature)
+    if isinstance(inner, list) and inner:
+        inner = inner[0]
+    if not isinstance(inner, dict):
+        return True
+    content = inner.get("content", inner.get("value"))
+    return content is None or isinstance(content, datasets.Value)
 
 
 class RowCall:
@@ -87,24 +124,32 @@ class EncodeBatch:
 
     def __init__(self, template: Any) -> None:
         self.template = template
+        self.columns = (*ENCODED_COLUMNS, *_extra_features(template))
 
     def __call__(self, batch: Mapping[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
         results = self.template.batch_encode(to_rows(batch), indices)
-        out: dict[str, list[Any]] = {c: [] for c in (*ENCODED_COLUMNS, DROP_COLUMN)}
+        out: dict[str, list[Any]] = {c: [] for c in (*self.columns, DROP_COLUMN)}
         for encoded, reason in results:
-            for c in ENCODED_COLUMNS:
-                out[c].append(encoded[c] if encoded is not None else ([] if c != "length" else 0))
+            for c in self.columns:
+                out[c].append(encoded.get(c) if encoded is not None else ([] if c != "length" else 0))
             out[DROP_COLUMN].append(reason)
         return out
 
 
-def encoded_features() -> Any:
+def _extra_features(template: Any) -> dict[str, Any]:
+    """Columns a template encodes besides the token ones (a VL template's images/videos)."""
+    extra = getattr(template, "extra_features", None)
+    return dict(extra()) if callable(extra) else {}
+
+
+def encoded_features(template: Any = None) -> Any:
     import datasets
 
     ids = datasets.Sequence(datasets.Value("int32"))
     return datasets.Features({
         "input_ids": ids, "labels": ids, "attention_mask": datasets.Sequence(datasets.Value("int8")),
-        "position_ids": ids, "length": datasets.Value("int32"), DROP_COLUMN: datasets.Value("string"),
+        "position_ids": ids, "length": datasets.Value("int32"), **_extra_features(template),
+        DROP_COLUMN: datasets.Value("string"),
     })
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinkle.dataset.errors import DataError
+from twinkle.multimodal.media import row_media
 from twinkle.preprocessor.base import Preprocessor
 from twinkle.preprocessor.messages import standard_row
 
@@ -13,8 +14,9 @@ from twinkle.preprocessor.messages import standard_row
 class AlpacaProcessor(Preprocessor):
     """``instruction`` (+ optional ``input``, joined by a blank line) is the user turn, ``output`` the reply.
 
-    An optional ``system`` column becomes the system turn. An empty output is an error: it would
-    train only the end-of-turn token.
+    An optional ``system`` column becomes the system turn; ``images``/``videos`` columns are the
+    row's media (tagged ``<image>``/``<video>`` in the text, or placed before the instruction). An
+    empty output is an error: it would train only the end-of-turn token.
     """
 
     def preprocess(self, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -29,4 +31,4 @@ class AlpacaProcessor(Preprocessor):
             raise DataError("AlpacaProcessor: 'instruction' and 'input' are both empty.")
         messages = [{"role": "system", "content": system}] if system else []
         messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
-        return standard_row(messages)
+        return standard_row(messages, None, *row_media(row))

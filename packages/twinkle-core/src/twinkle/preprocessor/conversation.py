@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinkle.dataset.errors import DataError, preview
+from twinkle.multimodal.media import row_media
 from twinkle.preprocessor.base import Preprocessor
 from twinkle.preprocessor.messages import standard_row
 
@@ -20,7 +21,8 @@ class MessagesProcessor(Preprocessor):
     """Reads ``messages`` (``[{role, content}]``) or ``conversations`` (ShareGPT ``[{from, value}]`` or role/content).
 
     An optional ``system`` column (or the ``system`` argument, used when a row has none) becomes
-    the first turn; an optional ``tools`` column (list or JSON string) is kept.
+    the first turn; an optional ``tools`` column (list or JSON string) is kept. Media come as content
+    parts or as ``images``/``image`` and ``videos``/``video`` columns, with ``<image>``/``<video>`` tags.
     """
 
     def __init__(self, system: str | None = None) -> None:
@@ -39,7 +41,7 @@ class MessagesProcessor(Preprocessor):
         system = self.field(row, "system", required=False) or self.system
         if system and not (messages and messages[0]["role"] == "system"):
             messages.insert(0, {"role": "system", "content": system})
-        return standard_row(messages, row.get("tools"))
+        return standard_row(messages, row.get("tools"), *row_media(row))
 
     @staticmethod
     def _turns(value: Any, name: str) -> list[Any]:

@@ -5,6 +5,7 @@ A row is ``{"messages": [{"role", "content", "reasoning_content", "loss"}, ...],
 thinking; ``loss`` (optional bool) forces an assistant turn in or out of training; ``tools`` is a
 JSON list of tool schemas. Every message carries all four keys (None when absent) so the Arrow
 schema is the same for every row and every source, and mixed datasets concatenate.
+A multimodal row adds ``images`` and ``videos`` (see :mod:`twinkle.multimodal.media`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_KEYS = ("role", "content", "reasoning_content", "loss")
 
 
-def message_features() -> Any:
-    """The ``datasets.Features`` of a preprocessed row."""
+def message_features(media: bool = False) -> Any:
+    """The ``datasets.Features`` of a preprocessed row (with ``media``: the images/videos columns too)."""
     import datasets
+
+    from twinkle.multimodal.media import media_features
+
+    extra = media_features() if media else {}
 
     message = {
         "role": datasets.Value("string"),
@@ -29,7 +34,7 @@ def message_features() -> Any:
         "reasoning_content": datasets.Value("string"),
         "loss": datasets.Value("bool"),
     }
-    return datasets.Features({"messages": [message], "tools": datasets.Value("string")})
+    return datasets.Features({"messages": [message], "tools": datasets.Value("string"), **extra})
 
 
 def check_messages(messages: Any) -> list[dict[str, Any]]:
@@ -89,6 +94,18 @@ def tools_json(tools: Any) -> str | None:
     return json.dumps(parsed, ensure_ascii=False)
 
 
-def standard_row(messages: Any, tools: Any = None) -> dict[str, Any]:
-    """A checked row in the standard format."""
-    return {"messages": check_messages(messages), "tools": tools_json(tools)}
+def standard_row(messages: Any, tools: Any = None, images: Any = None, videos: Any = None) -> dict[str, Any]:
+    """A checked row in the standard format.
+
+    With media (``images``/``videos`` lists, or image/video parts inside message contents) the row
+    also holds ``images`` and ``videos`` and each item has its ``<image>``/``<video>`` tag in the text
+    (see :mod:`twinkle.multimodal.media`).
+    """
+    from twinkle.multimodal import media
+
+    messages, images, videos = media.split_content(messages, images or (), videos or ())
+    row = {"messages": check_messages(messages), "tools": tools_json(tools)}
+    if images or videos:
+        row["messages"] = media.place_tags(row["messages"], len(images), len(videos))
+        row.update(media.stored_media(images, videos))
+    return row

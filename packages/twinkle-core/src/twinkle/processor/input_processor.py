@@ -8,6 +8,10 @@ Packed (``padding_free=True``): every row concatenated into one row of shape ``(
 convention of HF's ``DataCollatorWithFlattening``, which transformers turns into per-sequence
 attention (varlen FlashAttention, or a block-diagonal mask for sdpa/eager). The first label of
 every sequence is -100 so no position learns to predict across a sequence boundary.
+
+Rows with images/videos (from a VL template) are padded and get their vision inputs from a
+media collator (``InputProcessor.for_template(vl_template)``); families that cannot pack refuse
+``padding_free`` with the reason.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from twinkle.dataset.errors import DataError
+from twinkle.multimodal.media import has_media
 
 IGNORE_INDEX = -100
 PADDING_SIDES = ("right", "left")
@@ -36,6 +41,7 @@ class InputProcessor:
         padding_side: str = "right",
         device: Any = None,
         pad_to_multiple_of: int | None = None,
+        media_collator: Any = None,
     ) -> None:
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side={padding_side!r}; choose 'right' or 'left'.")
@@ -46,14 +52,22 @@ class InputProcessor:
         self.padding_side = padding_side
         self.device = device
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.media_collator = media_collator
 
     @classmethod
     def for_template(cls, template: Any, **kwargs: Any) -> InputProcessor:
+        """Padding id from the template's tokenizer; a VL template also gives the media collator."""
+        collator = getattr(template, "media_collator", None)
+        if callable(collator) and "media_collator" not in kwargs:
+            kwargs["media_collator"] = collator()
         return cls(pad_token_id=template.pad_token_id, **kwargs)
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         seqs = self._check(rows)
-        batch = self._pack(seqs) if self.padding_free else self._pad(seqs)
+        if self.media_collator is not None or _has_media(rows):
+            batch = self._multimodal(rows, seqs)
+        else:
+            batch = self._pack(seqs) if self.padding_free else self._pad(seqs)
         if self.device is not None:
             batch = {k: v.to(self.device) for k, v in batch.items()}
         return batch
@@ -117,6 +131,30 @@ class InputProcessor:
             batch["labels"] = torch.tensor([labels_all], dtype=torch.long)
         return batch
 
+    def _multimodal(self, rows: Sequence[Mapping[str, Any]], seqs: list[tuple[list[int], list[int] | None]]
+                    ) -> dict[str, Any]:
+        """Padded token rows plus the vision inputs of their images/videos (see twinkle.multimodal.collate).
+
+        No ``position_ids``: vision-language models derive their (multimodal rotary) positions from
+        the tokens and the image grids themselves.
+        """
+        if self.media_collator is None:
+            raise DataError("the batch has rows with images or videos, but this InputProcessor has no media "
+                            "collator: build it with InputProcessor.for_template(<a VL template>) (the model "
+                            "does this when its group has the template: model.set_template('Qwen2_5VLTemplate', "
+                            "model_id=...)).")
+        if self.padding_free:
+            raise DataError(self.media_collator.packing_refusal or "this model family cannot pack multimodal rows; "
+                            "use padding_free=False.")
+        batch = self._pad(seqs)
+        batch.pop("position_ids")
+        batch.update(self.media_collator(rows, batch["input_ids"]))
+        return batch
+
     def __repr__(self) -> str:
         return (f"InputProcessor(padding_free={self.padding_free}, pad_token_id={self.pad_token_id}, "
                 f"padding_side={self.padding_side!r}, device={self.device!r})")
+
+
+def _has_media(rows: Sequence[Mapping[str, Any]]) -> bool:
+    return any(isinstance(row, Mapping) and has_media(row) for row in rows)

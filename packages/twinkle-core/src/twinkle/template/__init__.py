@@ -10,15 +10,21 @@ from twinkle.template.chatml import ChatMLTemplate
 from twinkle.template.labels import IGNORE_INDEX, TRUNCATION_STRATEGIES
 from twinkle.template.llama import Llama3Template
 from twinkle.template.qwen import Qwen2_5Template, Qwen3_5Template, Qwen3Template
+from twinkle.template.vl import Qwen2_5VLTemplate, Qwen2VLTemplate, Qwen3_5VLTemplate, Qwen3VLTemplate, VLTemplate
 
 __all__ = [
     "IGNORE_INDEX",
     "TRUNCATION_STRATEGIES",
     "ChatMLTemplate",
     "Llama3Template",
+    "Qwen2VLTemplate",
     "Qwen2_5Template",
+    "Qwen2_5VLTemplate",
     "Qwen3Template",
+    "Qwen3VLTemplate",
     "Qwen3_5Template",
+    "Qwen3_5VLTemplate",
     "Template",
+    "VLTemplate",
     "load_tokenizer",
 ]

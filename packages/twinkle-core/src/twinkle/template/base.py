@@ -247,6 +247,10 @@ class Template:
         return {"input_ids": ids, "labels": labels, "attention_mask": [1] * n, "position_ids": list(range(n)),
                 "length": n}, None
 
+    def save_pretrained(self, directory: Any) -> None:
+        """Write what encodes like this template into a model directory (the tokenizer; VL: the processor)."""
+        self.tokenizer.save_pretrained(str(directory))
+
     # -------------------------------------------------------------- caching
     def fingerprint(self) -> str:
         """A hash of everything that decides the encoding (for the datasets cache)."""

@@ -3,7 +3,8 @@
 The ``model_type.title() + 'DecoderLayer'`` guess misnames MoE models (``qwen3_5_moe`` gives
 ``Qwen3_5_MoeDecoderLayer``, the class is ``Qwen3_5MoeDecoderLayer``), so the classes are read
 from the modules that actually exist: a user-set ``_no_split_modules`` first, else every class
-named ``*DecoderLayer``, else transformers' own ``_no_split_modules`` that are present.
+named ``*DecoderLayer`` (with, for a vision-language model, the vision blocks its
+``_no_split_modules`` declares), else transformers' own ``_no_split_modules`` that are present.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def decoder_layer_classes(model: torch.nn.Module, hf_model: torch.nn.Module | No
                              f"decoder-like classes present: {sorted(n for n in present if 'Layer' in n)}.")
         return sorted(set(declared))
     discovered = sorted(n for n in present if n.endswith("DecoderLayer"))
+    if discovered and getattr(getattr(hf_model, "config", None), "vision_config", None) is not None:
+        # a vision-language model: its vision blocks are declared in _no_split_modules too
+        discovered = sorted(set(discovered) | {n for n in declared if n in present})
     if discovered:
         return discovered
     from_class = sorted(n for n in declared if n in present)

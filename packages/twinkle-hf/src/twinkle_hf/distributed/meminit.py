@@ -24,7 +24,7 @@ def load_rank0_only(model_cls: Any, model_id: str | None, config: Any, kwargs: d
 
     if comm.rank() == 0:
         return loading.load_hf_model(model_cls, model_id, config, kwargs)
-    cls = loading.resolve_model_cls(model_cls)
+    cls = loading.choose_model_cls(model_cls, model_id, config)
     kwargs = dict(kwargs)
     if "torch_dtype" in kwargs and "dtype" not in kwargs:
         kwargs["dtype"] = kwargs.pop("torch_dtype")

@@ -1,7 +1,8 @@
 """save / load / resume_from_checkpoint / get_state_dict of TransformersModel.
 
 A checkpoint directory holds HF-loadable weights (a ``save_pretrained`` directory for the full
-model, a flat PEFT adapter directory for LoRA), the tokenizer when a template has one, and with
+model, a flat PEFT adapter directory for LoRA), the tokenizer when a template has one (a VL
+template: its processor), and with
 ``save_optimizer=True`` the optimizer, scheduler, scaler and RNG states; ``trainer_state.json``
 always. It is written under a temporary name and renamed when complete.
 """
@@ -29,7 +30,9 @@ from twinkle.checkpoint import (
 )
 from twinkle.log import get_logger
 from twinkle.model.optimizer_group import OptimizerGroup
+from twinkle.multimodal.processor import copy_missing_files
 from twinkle_hf.model.optim import check_optimizer_state
+from twinkle_hf.model.vision import is_multimodal
 from twinkle_hf.model.weights import (
     ADAPTER_WEIGHTS,
     adapter_state_dict,
@@ -134,9 +137,7 @@ class CheckpointMixin:
                 dist_ckpt.save_full_export(self._hf_model(), tmp)
             dist_ckpt.save_sharded(self, group, tmp, save_optimizer)
             if rank() == 0:
-                tokenizer = getattr(group.template, "tokenizer", None)
-                if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-                    tokenizer.save_pretrained(str(tmp))
+                self._save_preprocessing(group, tmp)
                 write_trainer_state(tmp, group.trainer_state(
                     consumed_train_samples, mixed_precision=self.mixed_precision,
                     has_optimizer_state=bool(save_optimizer), world_size=self.dist_plan.world_size,
@@ -148,9 +149,18 @@ class CheckpointMixin:
             save_adapter(self.model, group.name, directory)
         else:
             save_full(self._hf_model(), directory)
-        tokenizer = getattr(group.template, "tokenizer", None)
-        if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(str(directory))
+        self._save_preprocessing(group, directory)
+
+    def _save_preprocessing(self, group: OptimizerGroup, directory: Path) -> None:
+        """The template's tokenizer (a VL template: its processor); for a VL model without a template, the
+        processor files of the directory it was loaded from, so the checkpoint loads with AutoProcessor."""
+        template = group.template
+        if template is not None and hasattr(template, "save_pretrained"):
+            template.save_pretrained(directory)
+        elif getattr(template, "tokenizer", None) is not None:
+            template.tokenizer.save_pretrained(str(directory))
+        elif self.model_path is not None and is_multimodal(self._hf_model().config):
+            copy_missing_files(self.model_path, directory)
 
     def _load_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:

@@ -18,9 +18,10 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import ModulesToSaveWrapper
 
 from twinkle.model.optimizer_group import DEFAULT_GROUP, OptimizerGroup, check_accumulation_steps, lookup_group
+from twinkle_hf.model.vision import adapter_config
 
 _ADAPTER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-_GROUP_OPTIONS = ("gradient_accumulation_steps",)
+_GROUP_OPTIONS = ("gradient_accumulation_steps", "vision_tower", "projector")
 
 
 class GroupsMixin:
@@ -79,7 +80,9 @@ class GroupsMixin:
     def add_adapter_to_model(self, adapter_name: str, config_or_dir: Any, **kwargs: Any) -> None:
         """Add a LoRA adapter (a peft config, or a directory with a saved adapter) as a new group.
 
-        ``gradient_accumulation_steps=`` sets the new group's accumulation. Everything is checked
+        ``gradient_accumulation_steps=`` sets the new group's accumulation. On a vision-language model
+        the adapter targets the language model; ``vision_tower=``/``projector=`` ('freeze', 'lora',
+        'full') choose what else it trains (see ``twinkle_hf.model.vision``). Everything is checked
         before the model is touched, so a bad call leaves the model as it was.
         """
         unknown = sorted(set(kwargs) - set(_GROUP_OPTIONS))
@@ -89,6 +92,8 @@ class GroupsMixin:
         accumulation = check_accumulation_steps(kwargs.get("gradient_accumulation_steps", 1))
         self._check_adapter_name(adapter_name)
         adapter_dir, config = _adapter_source(config_or_dir)
+        if adapter_dir is None:  # a VL model: LoRA on the language model unless vision_tower=/projector= say more
+            config = adapter_config(self._hf_model(), config, kwargs.get("vision_tower"), kwargs.get("projector"))
         self._check_targets(config)
         inherited = self._full_group_defaults()
 

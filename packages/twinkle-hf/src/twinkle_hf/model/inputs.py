@@ -21,10 +21,13 @@ from twinkle.model.optimizer_group import OptimizerGroup
 NOT_MODEL_INPUTS = frozenset({"labels", "length", "group_size"})
 
 
-def default_processor(pad_token_id: int) -> Any:
-    """The processor used when a group has none: right padding with ``pad_token_id``."""
+def default_processor(pad_token_id: int, template: Any = None) -> Any:
+    """The processor used when a group has none: right padding with ``pad_token_id``; a VL template's
+    media collator too (images/videos -> vision inputs)."""
     from twinkle.processor import InputProcessor
 
+    if callable(getattr(template, "media_collator", None)):
+        return InputProcessor.for_template(template)
     return InputProcessor(pad_token_id=pad_token_id)
 
 
@@ -35,7 +38,8 @@ def collate(inputs: Any, group: OptimizerGroup, pad_token_id: int) -> dict[str, 
     if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) and inputs \
             and all(isinstance(row, Mapping) for row in inputs):
         rows = _encoded_rows(list(inputs), group)
-        processor = group.processor if group.processor is not None else default_processor(pad_token_id)
+        processor = group.processor if group.processor is not None else default_processor(pad_token_id,
+                                                                                            group.template)
         batch = processor(rows)
         if not isinstance(batch, Mapping):
             raise TypeError(f"The processor {type(processor).__name__} returned {type(batch).__name__}, "

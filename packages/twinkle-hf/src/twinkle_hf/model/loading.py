@@ -9,6 +9,8 @@ import torch
 import transformers
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
+from twinkle_hf.model.vision import model_class_for
+
 ASSET_PREFIX = "twinkle://"
 
 
@@ -25,6 +27,18 @@ def resolve_model_cls(model_cls: Any) -> Any:
     if not isinstance(model_cls, type):
         raise TypeError(f"model_cls must be a transformers model class or its name, got {model_cls!r}.")
     return model_cls
+
+
+def choose_model_cls(model_cls: Any, model_id: str | None, config: PretrainedConfig | None) -> Any:
+    """:func:`resolve_model_cls`, with a vision-language model's image-text-to-text class in place of the
+    default ``AutoModelForCausalLM`` (read from ``config``, else from the model directory's config.json)."""
+    cls = resolve_model_cls(model_cls)
+    if cls is not transformers.AutoModelForCausalLM:
+        return cls
+    if config is None and model_id is not None:
+        path = Path(resolve_model_path(model_id)) / "config.json"
+        config = AutoConfig.from_pretrained(path.parent) if path.is_file() else None
+    return model_class_for(cls, config) if config is not None else cls
 
 
 def resolve_model_path(model_id: str) -> str:
@@ -49,9 +63,10 @@ def load_hf_model(model_cls: Any, model_id: str | None, config: PretrainedConfig
     """Load pretrained weights (``model_id``) or build from ``config`` (random init).
 
     Weights default to float32 (the master copy mixed precision trains); pass ``dtype=`` to override.
+    A vision-language config with the default ``AutoModelForCausalLM`` loads ``AutoModelForImageTextToText``.
     Returns the model and the local path it came from.
     """
-    cls = resolve_model_cls(model_cls)
+    cls = choose_model_cls(model_cls, model_id, config)
     kwargs = dict(kwargs)
     if "torch_dtype" in kwargs and "dtype" not in kwargs:
         kwargs["dtype"] = kwargs.pop("torch_dtype")

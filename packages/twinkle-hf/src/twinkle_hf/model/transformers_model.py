@@ -28,6 +28,7 @@ from twinkle_hf.model.loading import load_hf_model
 from twinkle_hf.model.stepping import SteppingMixin
 from twinkle_hf.model.summary import SummaryMixin
 from twinkle_hf.model.training import TrainingMixin
+from twinkle_hf.model.vision import VisionMixin
 
 
 def _device() -> torch.device:
@@ -45,7 +46,7 @@ def _is_meta(model: torch.nn.Module) -> bool:
 
 @remote_class()
 class TransformersModel(DistributedMixin, GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin,
-                        CheckpointMixin, SummaryMixin, TwinkleModel):
+                        CheckpointMixin, SummaryMixin, VisionMixin, TwinkleModel):
     """A transformers model with per-adapter optimizer groups (see ``twinkle.model.base``).
 
     ``model_id`` is a hub id (``ms://``, ``hf://``), a ``twinkle://`` asset, a local directory or a

@@ -43,6 +43,13 @@ def supported_model_types() -> list[str]:
 def family_of(hf_config: Any) -> Family:
     """The family of an HF config, or a MegatronConfigError naming the supported model types."""
     model_type = getattr(hf_config, "model_type", None)
+    if getattr(hf_config, "vision_config", None) is not None:
+        raise MegatronConfigError(
+            f"MegatronModel does not train vision-language models: model_type={model_type!r} has a vision tower, "
+            f"which the bridge has no mapping for. MegatronModel supports the text families "
+            f"{', '.join(f.name for f in FAMILIES)} (model types {', '.join(supported_model_types())}). Train "
+            "Qwen2.5-VL/Qwen3-VL/Qwen3.5 and other VL models with TransformersModel (docs/multimodal.md)."
+        )
     family = _BY_TYPE.get(model_type)
     if family is None:
         archs = getattr(hf_config, "architectures", None) or []

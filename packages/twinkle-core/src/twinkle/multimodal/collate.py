@@ -1,0 +1,50 @@
+"""MediaCollator: the images and videos of a batch's rows -> the vision inputs of the model's forward.
+
+The rows were encoded by a VL template, so their ``input_ids`` already hold the right number of
+image/video tokens; here the model's own processor turns the stored images (paths/bytes) into
+``pixel_values`` + ``image_grid_thw`` (videos: ``pixel_values_videos`` + ``video_grid_thw``), in
+row order, and marks the media tokens (``mm_token_type_ids``) for families whose rotary positions
+need them. Pixels exist only for the batch being trained, never in the dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twinkle.dataset.errors import DataError
+from twinkle.multimodal.media import load_image, load_video
+from twinkle.multimodal.processor import has_video_processor
+
+
+class MediaCollator:
+    """Vision inputs of a batch from a transformers processor.
+
+    ``packing_refusal``: why this family cannot be packed (``padding_free=True``); the
+    InputProcessor raises it. Families with multimodal rotary positions (Qwen-VL) compute them per
+    padded row from the image grids, which packed rows would break.
+    """
+
+    def __init__(self, processor: Any, packing_refusal: str | None = None) -> None:
+        self.processor = processor
+        self.packing_refusal = packing_refusal
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]], input_ids: Any) -> dict[str, Any]:
+        import torch
+
+        images = [load_image(item) for row in rows for item in (row.get("images") or [])]
+        videos = [load_video(item) for row in rows for item in (row.get("videos") or [])]
+        out: dict[str, Any] = {}
+        if videos and not has_video_processor(self.processor):
+            raise DataError(f"the batch has videos but {type(self.processor).__name__} has no video processor "
+                            "(transformers builds video processors on torchvision; install it for this torch).")
+        if images or videos:
+            features = self.processor(images=images or None, videos=videos or None, return_tensors="pt")
+            out.update({k: v for k, v in features.items() if isinstance(v, torch.Tensor)})
+        if "mm_token_type_ids" in getattr(self.processor, "model_input_names", ()):
+            out["mm_token_type_ids"] = torch.as_tensor(self.processor.create_mm_token_type_ids(input_ids.tolist()),
+                                                       dtype=torch.long)
+        return out
+
+    def __repr__(self) -> str:
+        return f"MediaCollator({type(self.processor).__name__})"
