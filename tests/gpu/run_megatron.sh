@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# MegatronModel's GPU checks on one CUDA GPU, in one go (< 8 minutes on an H100/H200):
-#   tp=pp=1 training through megatron-core's schedule with loss falling; the schedule with 4 micro-batches
+# MegatronModel's GPU checks, in one go (< 10 minutes on an H100/H200); part of tests/gpu/run_all.sh:
+#   tp=pp=1 bf16 training through megatron-core's schedule with loss falling; the schedule with 4 micro-batches
 #   equal to one batch; distributed-optimizer save/resume continuing the same losses; LoRA through the
-#   schedule saved as a PEFT adapter; and, when transformer-engine[pytorch] imports, Qwen3-MoE logits and an
-#   fp8 step.
+#   schedule saved as a PEFT adapter; several multi-LoRA tenants interleaved, each with its own distributed
+#   optimizer; bf16 LoRA (frozen bf16 weights, fp32 master copies); when transformer-engine[pytorch] imports,
+#   Qwen3-MoE logits and an fp8 step; with two GPUs, TP=2 vs TP=1 and (TE) CP=2 vs CP=1 training.
 # Usage: tests/gpu/run_megatron.sh [python]   (default: the hatch "test" environment, else python3)
 # --check: verify the script's own prerequisites and that the tests collect (runs on CPU too).
 set -euo pipefail
@@ -37,4 +38,4 @@ te, why = import_te()
 print(f"GPU: {torch.cuda.get_device_name(0)} | torch {torch.__version__} | "
       f"transformer-engine: {'yes' if te is not None else 'no (' + why + ')'}")
 EOF
-exec timeout 480 "$PY" -m pytest "$TESTS" -m gpu -q -p no:cacheprovider -rs --durations=10
+exec timeout 600 "$PY" -m pytest "$TESTS" -m gpu -q -p no:cacheprovider -rs --durations=10

@@ -1,20 +1,24 @@
-"""MegatronModel on one CUDA GPU: the paths a CPU cannot run. Run by tests/gpu/run_megatron.sh.
+"""MegatronModel on CUDA GPUs: the paths a CPU cannot run. Run by tests/gpu/run_megatron.sh.
 
-Megatron DDP + the distributed optimizer, megatron-core's forward-backward schedule over
-micro-batches, distributed-checkpoint save/resume, LoRA through the schedule, Qwen3-MoE and fp8
-(both need Transformer Engine). Models are tiny (hidden 128, 2 layers) so the whole file runs in
-a few minutes; dimensions are multiples of 16 for fp8.
+On one GPU: Megatron DDP + the distributed optimizer, megatron-core's forward-backward schedule
+over micro-batches, distributed-checkpoint save/resume, LoRA through the schedule, several
+multi-LoRA tenants each with its own distributed optimizer, bf16 LoRA (frozen bf16 weights, fp32
+master copies), Qwen3-MoE and fp8 (both need Transformer Engine). On two GPUs (skipped with one):
+TP=2 training against TP=1, and CP=2 (Transformer Engine) against CP=1. Models are tiny (hidden 128,
+2 layers) so the whole file runs in a few minutes; dimensions are multiples of 16 for fp8.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))  # megatron_two_gpus, the two-GPU torchrun script
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (hardware)")]
@@ -170,3 +174,87 @@ def test_fp8_training_step(tmp_path):
     m.clip_grad_and_step(1.0)
     assert first == first and 0 < first < 20  # finite
     assert m.calculate_metric(True)["step"] == 1
+
+
+def test_several_tenants_train_interleaved_like_each_alone(tmp_path):
+    """Every tenant has its own Megatron-DDP chunk and distributed optimizer; nothing leaks between them.
+
+    The scenario is the simulated GPU path's (tests/megatron/scripts/simulated_cuda.py), here on a GPU in bf16.
+    """
+    sys.path.insert(0, str(Path(__file__).parents[1] / "megatron" / "scripts"))
+    from simulated_cuda import several_tenants
+
+    report = several_tenants(hf_checkpoint(tmp_path / "hf"), mixed_precision="bf16")
+    book = report["tenants_bookkeeping"]
+    assert book["kinds"] == ["megatron-core DistributedOptimizer"] * 2
+    assert book["own_chunks"] and book["chunk_params_are_the_slot"] and book["reused_chunk"]
+    for tenant in ("t1", "t2"):
+        assert report["tenants_interleaved"][tenant] == pytest.approx(report["tenants_alone"][tenant], rel=1e-5)
+    assert all(report["tenants_untouched"])
+    assert report["tenants_reacquired"] == pytest.approx(report["tenants_alone"]["t1"], rel=1e-5)
+
+
+def test_bf16_lora_keeps_frozen_weights_bf16_and_fp32_master_copies(tmp_path):
+    from peft import LoraConfig
+
+    m = model(hf_checkpoint(tmp_path / "hf"), mixed_precision="bf16")
+    m.add_adapter_to_model("a", LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    m.set_optimizer("default", lr=1e-2, adapter_name="a")
+    lora = [p for n, p in m.gpt.named_parameters() if ".lora_" in n]
+    frozen = [p for n, p in m.gpt.named_parameters() if ".lora_" not in n]
+    masters = [p for g in m.optimizer_group["a"].optimizer.optimizer.optimizer.param_groups for p in g["params"]]
+    assert {p.dtype for p in frozen} == {torch.bfloat16} and {p.dtype for p in masters} == {torch.float32}
+    assert sum(p.numel() for p in masters) == sum(p.numel() for p in lora)  # one GPU: dp = 1, no sharding
+    fixed = batch(seed=3)
+    losses = []
+    for _ in range(6):
+        losses.append(m.forward_backward(inputs=fixed, num_microbatches=2))
+        m.clip_grad_and_step(1.0)
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def _two_gpu_run(tmp_path: Path, path: Path, layout: str) -> list[dict]:
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / layout
+    out.mkdir()
+    script = Path(__file__).parent / "megatron_two_gpus.py"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+                           str(script), str(path), layout, str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
+    return json.loads((out / "rank0.json").read_text())
+
+
+needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (hardware)")
+
+
+@needs_two_gpus
+def test_tp2_training_gives_the_tp1_losses_and_grad_norms(tmp_path):
+    from megatron_two_gpus import STEPS, steps
+
+    path = hf_checkpoint(tmp_path / "hf")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    reference = steps(model(path, mixed_precision="no"))
+    tp2 = _two_gpu_run(tmp_path, path, "tp2")
+    assert len(reference) == STEPS
+    assert [s["loss"] for s in tp2] == pytest.approx([s["loss"] for s in reference], rel=1e-5)
+    assert [s["grad_norm"] for s in tp2] == pytest.approx([s["grad_norm"] for s in reference], rel=1e-4)
+
+
+@needs_two_gpus
+@needs_te
+def test_cp2_training_gives_the_cp1_losses(tmp_path):
+    """Context parallelism needs TE's fused/flash attention, hence bf16: losses agree to bf16 precision."""
+    from megatron_two_gpus import steps
+
+    path = hf_checkpoint(tmp_path / "hf")
+    reference = steps(model(path, mixed_precision="bf16"))
+    cp2 = _two_gpu_run(tmp_path, path, "cp2")
+    assert cp2[0]["loss"] == pytest.approx(reference[0]["loss"], rel=5e-3)  # before any update
+    assert [s["loss"] for s in cp2] == pytest.approx([s["loss"] for s in reference], rel=2e-2)

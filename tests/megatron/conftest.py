@@ -55,17 +55,18 @@ class _Launch:
 
 @pytest.fixture(scope="session")
 def launches(tmp_path_factory):
-    """The two subprocess checks (torchrun TP=2, simulated CUDA path), started together so they overlap.
+    """The two subprocess checks (torchrun TP/DP=2, simulated CUDA path), started together so they overlap.
 
     Returns ``{name: (launch, output directory)}``; each test module waits for its own launch.
     """
     import socket
 
-    from megatron_testing import hf_model, save_hf, shared_a_adapter
+    from megatron_testing import VOCAB_LARGE, hf_model, save_hf, shared_a_adapter
 
     root = tmp_path_factory.mktemp("launches")
     qwen2 = save_hf(hf_model("qwen2"), root / "qwen2")
     qwen3 = save_hf(hf_model("qwen3"), root / "qwen3")
+    large = save_hf(hf_model("qwen2", vocab_size=VOCAB_LARGE), root / "qwen2-large-vocab")
     adapter = shared_a_adapter(root / "adapter")
     scripts = Path(__file__).parent / "scripts"
     with socket.socket() as sock:
@@ -75,12 +76,13 @@ def launches(tmp_path_factory):
     (root / "simulated").mkdir()
     started = {
         "tp2": (_Launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-                         str(scripts / "tp2_checks.py"), str(qwen2), str(qwen3), str(adapter), str(root / "tp2")]),
+                         str(scripts / "tp2_checks.py"), str(qwen2), str(qwen3), str(adapter), str(large),
+                         str(root / "tp2")]),
                 root / "tp2"),
         "simulated": (_Launch([sys.executable, str(scripts / "simulated_cuda.py"), str(qwen2),
                                str(root / "simulated" / "report.json")]), root / "simulated"),
     }
-    yield {**started, "qwen2": qwen2}
+    yield {**started, "qwen2": qwen2, "qwen3": qwen3, "large": large}
     for launch, _ in started.values():
         if launch.proc.poll() is None:
             launch.proc.kill()

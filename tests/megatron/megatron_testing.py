@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 VOCAB = 125
+VOCAB_LARGE = 4001  # the vocabulary-parallel loss checks: logits dominate the loss's memory
 FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
 
 
@@ -102,3 +103,112 @@ def shared_a_adapter(directory: Path, family: str = "qwen2") -> Path:
                     param.normal_(std=0.1)
     peft_model.save_pretrained(str(directory))
     return directory
+
+
+# ------------------------------------------------------------------ multi-process training scenarios
+TRAIN_STEPS = 5
+TRAIN_LR = 5e-3
+#: Adam's update g/(sqrt(v)+eps) turns summation-order noise in near-zero gradients into lr-sized weight
+#: differences when eps is tiny; 1e-6 keeps "same weights after 5 steps" a statement about the parallelism.
+ADAM_EPS = 1e-6
+
+
+def train_batches() -> list[dict[str, torch.Tensor]]:
+    """The batches of the TP/DP training comparisons (ragged rows: data-parallel halves hold unequal tokens)."""
+    return [make_batch(seed=300 + step, rows=4, length=12) for step in range(TRAIN_STEPS)]
+
+
+def rows(batch: dict[str, torch.Tensor], part: int, parts: int) -> dict[str, torch.Tensor]:
+    """Data-parallel rank ``part``'s consecutive share of the rows."""
+    size = batch["input_ids"].shape[0] // parts
+    return {k: v[part * size:(part + 1) * size] for k, v in batch.items()}
+
+
+def lora_config() -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+
+
+def train(model: Any, batches: list[dict[str, torch.Tensor]], adapter: str | None = None) -> list[dict[str, float]]:
+    """One optimizer step per batch (clip 1.0); the metrics of each step (loss and accuracy over all ranks)."""
+    if model.optimizer_group[adapter or "default"].optimizer is None:
+        model.set_optimizer("default", lr=TRAIN_LR, weight_decay=0.01, adam_eps=ADAM_EPS, adapter_name=adapter)
+    out = []
+    for batch in batches:
+        model.forward_backward(inputs=batch, adapter_name=adapter)
+        model.clip_grad_and_step(1.0, adapter_name=adapter)
+        metrics = model.calculate_metric(True, adapter_name=adapter)
+        out.append({k: metrics[k] for k in ("loss", "grad_norm", "token_accuracy")})
+    return out
+
+
+class PeakBytes:
+    """Peak bytes of tensor storage allocated while counting is on; frees are seen through weak references.
+
+    A ``TorchDispatchMode`` sees every allocation (forward and, on CPU, backward run in this thread);
+    views share their storage and are counted once.
+    """
+
+    def __init__(self) -> None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.counting = False
+        self.live = 0
+        self.peak = 0
+        self._seen = WeakIdKeyDictionary()
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def track(self, value: Any) -> None:
+        import weakref
+
+        from torch.utils._pytree import tree_leaves
+
+        for t in tree_leaves(value):
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                continue
+            storage = t.untyped_storage()
+            if storage in self._seen:
+                continue
+            self._seen[storage] = storage.nbytes()
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._free, storage.nbytes())
+
+    def mode(self) -> Any:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tracker = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if tracker.counting:
+                    tracker.track(out)
+                return out
+
+        return _Mode()
+
+
+def loss_peak_bytes(model: Any, batch: dict[str, torch.Tensor]) -> tuple[float, int]:
+    """(loss, peak bytes) of the loss: from the output layer's forward to its backward (logits, loss, their grads)."""
+    tracker = PeakBytes()
+
+    def start(module: Any, args: tuple) -> None:
+        tracker.counting = True
+        hidden = args[0]
+        if hidden.requires_grad:
+            hidden.register_hook(stop)
+
+    def stop(grad: torch.Tensor) -> None:
+        tracker.counting = False
+
+    handle = model.gpt.output_layer.register_forward_pre_hook(start)
+    try:
+        with tracker.mode():
+            loss = model.forward_backward(inputs=batch)
+    finally:
+        handle.remove()
+    return loss, tracker.peak

@@ -1,27 +1,74 @@
-"""TP=2 on two gloo processes (one torchrun launch): logits, weights, saving and LoRA against the HF/peft references.
+"""Two gloo processes (one torchrun launch): TP=2 and DP=2 against single-process (TP=1) runs and HF/peft.
 
-Launched by the session fixture ``launches`` (conftest.py) together with the simulated-CUDA run.
-The same tolerance as at TP=1 (2e-5 in fp32): TP splits matrix products, so only summation order
-changes. Weights must come back bit-identical after being split over two ranks and gathered.
+Launched by the session fixture ``launches`` (conftest.py) together with the simulated-CUDA run; the
+TP=1 references run here, in this process, on the same checkpoints and batches.
+
+Tolerances: logits 2e-5 (fp32; TP splits matrix products, only summation order changes); losses of
+5 training steps 1e-5 absolute (issue 15; measured max 1.5e-6 at TP=2, 7e-7 at DP=2); trained weights
+atol 1e-4 (measured max 1.5e-5 after 5 AdamW steps at lr 5e-3: Adam divides by sqrt(v), which
+magnifies summation-order differences where gradients are tiny); weights that were only split and
+gathered, bit-identical.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from megatron_testing import VOCAB_LARGE, lora_config, loss_peak_bytes, make_batch, megatron_model, train, train_batches
+from safetensors.torch import load_file
 
 ATOL = 2e-5
+LOSS_ATOL = 1e-5
+WEIGHT_ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def reports(launches):
     launch, out = launches["tp2"]
     code, stdout, stderr = launch.wait()
-    assert code == 0, stdout[-2000:] + stderr[-4000:]
+    (out / "stderr.log").write_text(stderr)
+    errors = "\n".join(line for line in stderr.splitlines() if "Error" in line)
+    assert code == 0, f"{errors[-3000:]}\n...\n{stderr[-3000:]}\n(full log: {out / 'stderr.log'})"
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.fixture(scope="module")
+def single(launches, tmp_path_factory):
+    """The TP=1 references, in this process: the same training runs, the same large-vocabulary loss."""
+    out = tmp_path_factory.mktemp("tp1")
+    ref = {}
+    full = megatron_model(launches["qwen3"])
+    ref["full"] = train(full, train_batches())
+    ref["full_saved"] = full.save("tp1-full", output_dir=str(out))
+    lora = megatron_model(launches["qwen2"])
+    lora.add_adapter_to_model("a", lora_config())
+    ref["lora"] = train(lora, train_batches(), adapter="a")
+    ref["lora_saved"] = lora.save("tp1-lora", output_dir=str(out), adapter_name="a")
+    large = megatron_model(launches["large"])
+    large.set_optimizer("default", lr=1e-3)
+    ref["large_loss"], ref["large_loss_peak_bytes"] = loss_peak_bytes(
+        large, make_batch(seed=11, rows=2, length=64, vocab=VOCAB_LARGE))
+    ref["large_token_accuracy"] = large.calculate_metric(True)["token_accuracy"]
+    return ref
+
+
+def _same_files(ours: str, ref: str, name: str) -> None:
+    a, b = load_file(str(Path(ours) / name)), load_file(str(Path(ref) / name))
+    assert set(a) == set(b)
+    for key in b:
+        assert a[key].shape == b[key].shape and a[key].dtype == b[key].dtype, key
+        diff = float((a[key] - b[key]).abs().max())
+        print(f"{name} {key}: max diff {diff:.2e}") if diff > WEIGHT_ATOL / 10 else None
+        assert diff <= WEIGHT_ATOL, (key, diff)
+
+
+def _column(steps: list[dict], key: str) -> list[float]:
+    return [s[key] for s in steps]
+
+
+# ------------------------------------------------------------------------------ layout (forward, weights)
 def test_each_rank_holds_half_the_padded_vocabulary(reports):
     assert [r["tp_rank"] for r in reports] == [0, 1]
     assert [r["vocab_rows_on_this_rank"] for r in reports] == [63, 63]  # 125 padded to 126, split in two
@@ -44,5 +91,57 @@ def test_megatron_groups_are_the_mesh_groups(reports):
         assert r["groups_dp2"] == {"tp": [rank], "dp": [0, 1]} and r["mesh_dp_group"] == [0, 1]
 
 
-def test_cpu_training_on_two_processes_is_refused_with_the_reason(reports):
-    assert all(r["cpu_training_refused"] for r in reports)
+# ------------------------------------------------------------------------------ training on two CPU ranks
+@pytest.mark.parametrize("layout", ["tp2", "dp2"])
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_five_steps_give_the_single_process_losses_and_files(reports, single, layout, kind):
+    reference = single[kind]
+    for r in reports:
+        steps = r[f"{layout}_{kind}"]
+        print(f"{layout} {kind}: losses {_column(steps, 'loss')} vs TP=1 {_column(reference, 'loss')}, max diff "
+              f"{max(abs(a - b) for a, b in zip(_column(steps, 'loss'), _column(reference, 'loss'))):.2e}")
+        assert _column(steps, "loss") == pytest.approx(_column(reference, "loss"), rel=0, abs=LOSS_ATOL)
+        assert _column(steps, "grad_norm") == pytest.approx(_column(reference, "grad_norm"), rel=1e-5)
+        assert _column(steps, "token_accuracy") == _column(reference, "token_accuracy")
+    name = "model.safetensors" if kind == "full" else "adapter_model.safetensors"
+    _same_files(reports[0][f"{layout}_{kind}_saved"], single[f"{kind}_saved"], name)
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_the_compared_runs_moved_the_weights_far_beyond_the_tolerance(launches, single, kind):
+    trained = load_file(str(Path(single[f"{kind}_saved"]) / ("model.safetensors" if kind == "full"
+                                                              else "adapter_model.safetensors")))
+    if kind == "full":
+        start = load_file(str(launches["qwen3"] / "model.safetensors"))
+        moved = max(float((trained[k] - start[k]).abs().max()) for k in start)
+    else:  # LoRA B starts at zero
+        moved = max(float(v.abs().max()) for k, v in trained.items() if "lora_B" in k)
+    assert moved > 100 * WEIGHT_ATOL
+
+
+def test_tp2_resume_from_a_checkpoint_continues_bitwise(reports):
+    for rank, r in enumerate(reports):
+        assert {f"optimizer_{rank}.pt", f"rng_state_{rank}.pt", "model.safetensors"} <= set(r["tp2_resume_files"])
+        assert r["tp2_resume_head"] + r["tp2_resume_tail"] == r["tp2_full"]
+
+
+def test_cpu_driver_sums_tokens_and_gradients_over_data_and_context_ranks(reports):
+    # rank r holds gradient sum (r + 1) over 2 + 4r tokens: the mean is (1 + 2) / (2 + 6) on both ranks
+    assert [r["cp_grad_after_finalize"] for r in reports] == [[0.375] * 3] * 2
+
+
+# ------------------------------------------------------------------------------ vocabulary-parallel loss
+def test_vocab_parallel_loss_equals_the_single_process_loss(reports, single):
+    print(f"large-vocabulary loss: TP=2 {[r['large_loss'] for r in reports]} vs TP=1 {single['large_loss']}")
+    for r in reports:
+        assert r["large_logit_columns_on_this_rank"] == (VOCAB_LARGE + 1) // 2
+        assert r["large_loss"] == pytest.approx(single["large_loss"], rel=0, abs=LOSS_ATOL)
+        assert r["large_token_accuracy"] == single["large_token_accuracy"]
+        assert r["large_custom_loss"] == pytest.approx(single["large_loss"], rel=0, abs=LOSS_ATOL)
+
+
+def test_vocab_parallel_loss_needs_about_half_the_memory(reports, single):
+    ratios = [r["large_loss_peak_bytes"] / single["large_loss_peak_bytes"] for r in reports]
+    print(f"loss peak bytes: TP=1 {single['large_loss_peak_bytes']}, "
+          f"TP=2 {[r['large_loss_peak_bytes'] for r in reports]}, ratios {ratios}")
+    assert all(0.4 <= ratio <= 0.6 for ratio in ratios), ratios

@@ -3,9 +3,10 @@
 megatron-core's DDP, DistributedOptimizer, forward-backward schedule, finalize_model_grads and
 distributed checkpointing are pure PyTorch apart from hard-coded ``device='cuda'`` allocations and a
 ``param.type()`` check. This script redirects those to the CPU (``simulate_cuda``), tells the model
-it is on CUDA, and runs the scenarios of tests/gpu/run_megatron.sh with fp32 weights. It proves
-twinkle's wiring (drivers, schedule, accumulation, dist-checkpoint resume) against megatron's real
-classes; kernels, NCCL and bf16/fp8 numerics still need the GPU script.
+it is on CUDA, and runs the scenarios of tests/gpu/run_megatron.sh (fp32 weights; one bf16 LoRA run
+built as on a GPU). It proves twinkle's wiring (drivers, schedule, accumulation, dist-checkpoint
+resume, per-tenant DDP chunks and optimizers) against megatron's real classes; kernels, NCCL and
+bf16/fp8 numerics still need the GPU script.
 
 argv: <qwen2 dir> <output json>. Module-level imports stay stdlib-only: megatron's checkpoint writer starts a
 helper process that re-imports this file.
@@ -84,7 +85,7 @@ def main() -> None:
 
     single = fresh(path)
     report["optimizer_kind"] = single.optimizer_group["default"].optimizer.kind
-    report["model_wrapped"] = type(single.model).__name__
+    report["model_wrapped"] = type(single._module_for(single.optimizer_group["default"])).__name__
     data = make_batch(seed=7)
     losses, norms = [], []
     for micro in (1, 2, 4):
@@ -112,7 +113,105 @@ def main() -> None:
     for _ in range(6):
         report["lora_losses"].append(lora.forward_backward(inputs=fixed, num_microbatches=2))
         lora.clip_grad_and_step(1.0)
+    report.update(several_tenants(path))
+    report.update(bf16_lora(path))
     out.write_text(json.dumps(report))
+
+
+def several_tenants(path: Path, mixed_precision: str = "no") -> dict:
+    """Two tenants with the 'default' (distributed) optimizer, trained interleaved, against each trained alone;
+    then one is released and its slot re-acquired: the newcomer trains like a fresh tenant.
+
+    Also the GPU tier's scenario (tests/gpu/test_megatron_gpu.py runs it on a real GPU)."""
+    import hashlib
+
+    from megatron_testing import make_batch
+    from peft import LoraConfig
+
+    from twinkle.model import MultiLoraMegatronModel
+
+    configs = {"t1": LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
+               "t2": LoraConfig(r=8, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])}
+
+    def multi():
+        m = MultiLoraMegatronModel(model_id=str(path), mixed_precision=mixed_precision, max_loras=2, max_r=8)
+        m.device_type = "cuda"  # simulated: take the GPU code path (already so on a GPU)
+        for tenant, config in configs.items():
+            m.multi_lora.acquire_lora(tenant, config)
+            m.set_optimizer("default", lr=2e-2, adapter_name=tenant)
+        return m
+
+    def step(m, tenant, seed):
+        loss = m.forward_backward(inputs=make_batch(seed=seed), adapter_name=tenant, num_microbatches=2)
+        m.clip_grad_and_step(1.0, adapter_name=tenant)
+        return loss
+
+    def digest(m, tenant):
+        h = hashlib.sha256()
+        for _, p in m._group_named_parameters(m._group(tenant)):
+            h.update(p.detach().float().numpy().tobytes())
+        return h.hexdigest()
+
+    seeds = {"t1": [40, 41, 42], "t2": [50, 51, 52]}
+    alone = {}
+    for tenant in configs:
+        m = multi()
+        alone[tenant] = [step(m, tenant, s) for s in seeds[tenant]]
+    m = multi()
+    interleaved, untouched = {"t1": [], "t2": []}, []
+    for i in range(3):
+        for tenant, other in (("t1", "t2"), ("t2", "t1")):
+            before = digest(m, other)
+            interleaved[tenant].append(step(m, tenant, seeds[tenant][i]))
+            untouched.append(digest(m, other) == before)
+    drivers = [m._group(t).optimizer for t in configs]
+    slot = {t: m._group(t).name for t in configs}
+    bookkeeping = {
+        "kinds": [d.kind for d in drivers],
+        "own_chunks": drivers[0].chunks[0] is not drivers[1].chunks[0],
+        "chunk_params_are_the_slot": all(
+            {id(p) for p in d.chunks[0].params_with_grad} == {id(p) for p in m._ddp_parameters(m._group(t))}
+            for d, t in zip(drivers, configs)),
+    }
+    m.multi_lora.release_lora("t1")
+    m.multi_lora.acquire_lora("t3", configs["t1"])
+    m.set_optimizer("default", lr=2e-2, adapter_name="t3")
+    bookkeeping["reacquired_slot"] = m._group("t3").name == slot["t1"]
+    bookkeeping["reused_chunk"] = m._group("t3").optimizer.chunks[0] is drivers[0].chunks[0]
+    reacquired = [step(m, "t3", s) for s in seeds["t1"]]
+    return {"tenants_alone": alone, "tenants_interleaved": interleaved, "tenants_untouched": untouched,
+            "tenants_reacquired": reacquired, "tenants_bookkeeping": bookkeeping}
+
+
+def bf16_lora(path: Path) -> dict:
+    """LoRA with mixed_precision='bf16' as on a GPU: frozen weights bf16, the optimizer's master copies fp32."""
+    import torch
+    from megatron_testing import make_batch
+    from peft import LoraConfig
+
+    from twinkle_megatron import build
+
+    build._param_dtype = lambda mixed_precision, device_type: torch.bfloat16  # what build does on CUDA
+    m = model(path, mixed_precision="bf16")
+    m.add_adapter_to_model("a", LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    m.set_optimizer("default", lr=2e-2, adapter_name="a")
+    driver = m.optimizer_group["a"].optimizer
+    lora = [p for n, p in m.gpt.named_parameters() if ".lora_" in n]
+    frozen = [p for n, p in m.gpt.named_parameters() if ".lora_" not in n]
+    masters = [p for g in driver.optimizer.optimizer.param_groups for p in g["params"]]
+    fixed = make_batch(seed=3)
+    losses = []
+    for _ in range(6):
+        losses.append(m.forward_backward(inputs=fixed, num_microbatches=2))
+        m.clip_grad_and_step(1.0)
+    return {"bf16": {
+        "frozen_dtypes": sorted({str(p.dtype) for p in frozen}),
+        "lora_model_dtypes": sorted({str(p.dtype) for p in lora}),
+        "master_dtypes": sorted({str(p.dtype) for p in masters}),
+        "master_numel": sum(p.numel() for p in masters), "lora_numel": sum(p.numel() for p in lora),
+        "grad_buffer_params_are_lora": {id(p) for p in driver.chunks[0].params_with_grad} == {id(p) for p in lora},
+        "losses": losses,
+    }}
 
 
 if __name__ == "__main__":  # megatron's checkpoint writer starts worker processes that re-import this file

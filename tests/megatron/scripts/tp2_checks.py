@@ -1,6 +1,13 @@
-"""Run under ``torchrun --nproc_per_node=2`` (gloo): every TP=2 check in one launch; each rank writes rank<N>.json.
+"""Run under ``torchrun --nproc_per_node=2`` (gloo): every two-process check in one launch; rank N writes rankN.json.
 
-argv: <qwen2 dir> <qwen3 dir> <peft adapter dir (on qwen2)> <output dir>
+Scenarios, in order (the parallel state is rebuilt between layouts):
+TP=2 -- logits/weights/adapters against HF and peft; 5 steps of full training (Qwen3: q/k norms) with a resume
+from a step-3 checkpoint; 5 steps of LoRA training (Qwen2); the vocab-parallel loss on a large vocabulary with
+its peak memory; a custom loss reading the gathered logits.
+DP=2 -- the same full and LoRA training, each rank on its half of every batch.
+CP=2 groups -- the CPU driver sums token counts and gradients over data x context parallel ranks.
+
+argv: <qwen2 dir> <qwen3 dir> <peft adapter dir (on qwen2)> <large-vocab qwen2 dir> <output dir>
 """
 
 from __future__ import annotations
@@ -13,17 +20,31 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from megatron_testing import (  # noqa: E402
+    ADAM_EPS,
+    TRAIN_LR,
+    VOCAB_LARGE,
+    lora_config,
+    loss_peak_bytes,
+    make_batch,
+    rows,
+    train,
+    train_batches,
+)
 from peft import PeftModel  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import twinkle  # noqa: E402
 from twinkle import DeviceMesh  # noqa: E402
+from twinkle.loss import Loss  # noqa: E402
 from twinkle.model import MegatronModel  # noqa: E402
-from twinkle_megatron.errors import MegatronConfigError  # noqa: E402
+from twinkle_megatron.parallel import state  # noqa: E402
+from twinkle_megatron.parallel.mesh import ParallelSizes, parallel_sizes  # noqa: E402
 
 
 def batch() -> dict[str, torch.Tensor]:
@@ -50,13 +71,20 @@ def groups(world: int) -> dict[str, list[int]]:
             "dp": dist.get_process_group_ranks(ps.get_data_parallel_group())}
 
 
-def main() -> None:
-    qwen2, qwen3, adapter, out = (Path(p) for p in sys.argv[1:5])
-    mesh = DeviceMesh.from_sizes(tp_size=2)
-    runtime = twinkle.initialize(global_device_mesh=mesh, seed=0)
-    rank, report = runtime.rank, {}
-    b = batch()
+class GatheredCrossEntropy(Loss):
+    """A custom loss: reads ``outputs['logits']`` (gathered over TP on access) like any user loss would."""
 
+    def compute(self, inputs, outputs, **kwargs):
+        logits = outputs["logits"]
+        labels = torch.nn.functional.pad(inputs["labels"], (0, 1), value=-100)[..., 1:]
+        total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                                                  ignore_index=-100, reduction="sum")
+        return total, (labels != -100).sum()
+
+
+def layout_checks(qwen2: Path, qwen3: Path, adapter: Path, mesh: DeviceMesh, out: Path, report: dict) -> None:
+    """Forward, weights and adapters at TP=2 against HF / peft."""
+    rank, b = dist.get_rank(), batch()
     model = MegatronModel(model_id=str(qwen2), device_mesh=mesh, mixed_precision="no")
     report["tp_rank"] = model.ranks.tp
     report["vocab_rows_on_this_rank"] = int(model.gpt.embedding.word_embeddings.weight.shape[0])
@@ -77,12 +105,6 @@ def main() -> None:
     report["groups_tp2"] = groups(2)
     report["mesh_tp_group"] = mesh.group_ranks("tp", rank)
 
-    try:
-        model.set_optimizer("default", lr=1e-3)
-        report["cpu_training_refused"] = False
-    except MegatronConfigError as exc:
-        report["cpu_training_refused"] = "trains on one process only" in str(exc)
-
     model.add_adapter_to_model("tenant", str(adapter))
     peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(qwen2), dtype=torch.float32),
                                            str(adapter)).eval()
@@ -99,14 +121,80 @@ def main() -> None:
     report["qwen3_logits_diff"] = max_diff(second.forward_only(inputs=b)["logits"], hf_logits(hf3, b),
                                            b["attention_mask"])
 
-    from twinkle_megatron.parallel import state
-    from twinkle_megatron.parallel.mesh import parallel_sizes
+
+def training(qwen2: Path, qwen3: Path, mesh: DeviceMesh, out: Path, tag: str, report: dict) -> None:
+    """5 steps of full training (Qwen3) and of LoRA (Qwen2); under DP each rank takes its half of the rows."""
+    dp, part = mesh.dp_size, mesh.coords(dist.get_rank())["dp"] if mesh.dp_size > 1 else 0
+    batches = [rows(b, part, dp) for b in train_batches()]
+    full = MegatronModel(model_id=str(qwen3), device_mesh=mesh, mixed_precision="no")
+    report[f"{tag}_full"] = train(full, batches)
+    report[f"{tag}_full_saved"] = full.save(f"{tag}-full", output_dir=str(out))
+    lora = MegatronModel(model_id=str(qwen2), device_mesh=mesh, mixed_precision="no")
+    lora.add_adapter_to_model("a", lora_config())
+    report[f"{tag}_lora"] = train(lora, batches, adapter="a")
+    report[f"{tag}_lora_saved"] = lora.save(f"{tag}-lora", output_dir=str(out), adapter_name="a")
+    if tag != "tp2":
+        return
+    head = MegatronModel(model_id=str(qwen3), device_mesh=mesh, mixed_precision="no")
+    report["tp2_resume_head"] = train(head, batches[:3])
+    checkpoint = head.save("tp2-step3", output_dir=str(out), save_optimizer=True)
+    report["tp2_resume_files"] = sorted(p.name for p in Path(checkpoint).iterdir())
+    resumed = MegatronModel(model_id=checkpoint, device_mesh=mesh, mixed_precision="no")
+    resumed.set_optimizer("default", lr=TRAIN_LR, weight_decay=0.01, adam_eps=ADAM_EPS)
+    resumed.resume_from_checkpoint(checkpoint)
+    report["tp2_resume_tail"] = train(resumed, batches[3:])
+
+
+def vocab_parallel_loss(large: Path, mesh: DeviceMesh, report: dict) -> None:
+    """The loss on a large vocabulary: its value, token accuracy, peak memory; and a custom loss on gathered logits."""
+    data = make_batch(seed=11, rows=2, length=64, vocab=VOCAB_LARGE)
+    model = MegatronModel(model_id=str(large), device_mesh=mesh, mixed_precision="no")
+    model.set_optimizer("default", lr=1e-3)
+    report["large_loss"], report["large_loss_peak_bytes"] = loss_peak_bytes(model, data)
+    report["large_token_accuracy"] = model.calculate_metric(True)["token_accuracy"]
+    report["large_logit_columns_on_this_rank"] = int(model.gpt.output_layer.weight.shape[0])
+    model.zero_grad()
+    model.set_loss(GatheredCrossEntropy())
+    report["large_custom_loss"] = model.forward_backward(inputs=data)
+
+
+def context_parallel_token_counts(report: dict) -> None:
+    """CP=2 process groups: the CPU driver sums gradients and token counts over data x context parallel ranks."""
+    from twinkle_megatron.model.drivers import TorchDriver
+
+    state.destroy()
+    state.initialize(ParallelSizes(cp=2), "cpu")
+    rank = dist.get_rank()
+    param = torch.nn.Parameter(torch.zeros(3))
+    param.grad = torch.full((3,), float(rank + 1))  # loss sums of this rank's tokens
+    driver = TorchDriver(torch.optim.SGD([param], lr=1.0), [("w", param)], _Config())
+    driver.finalize(torch.tensor(2 + 4 * rank))  # this rank's share of the tokens: 2 and 6
+    report["cp_grad_after_finalize"] = param.grad.tolist()
+
+
+class _Config:
+    sequence_parallel = False
+    qk_layernorm = False
+
+
+def main() -> None:
+    qwen2, qwen3, adapter, large, out = (Path(p) for p in sys.argv[1:6])
+    mesh = DeviceMesh.from_sizes(tp_size=2)
+    runtime = twinkle.initialize(global_device_mesh=mesh, seed=0)
+    rank, report = runtime.rank, {}
+
+    layout_checks(qwen2, qwen3, adapter, mesh, out, report)
+    training(qwen2, qwen3, mesh, out, "tp2", report)
+    vocab_parallel_loss(large, mesh, report)
 
     dp_mesh = DeviceMesh.from_sizes(dp_size=2)
     state.destroy()
     state.initialize(parallel_sizes(dp_mesh), "cpu")
     report["groups_dp2"] = groups(2)
     report["mesh_dp_group"] = dp_mesh.group_ranks("dp", rank)
+    training(qwen2, qwen3, dp_mesh, out, "dp2", report)
+    context_parallel_token_counts(report)
+
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     dist.barrier()
     dist.destroy_process_group()

@@ -83,6 +83,32 @@ def layer_spec(args: ModelArgs, config: Any, use_te: bool) -> Any:
     return specs.get_gpt_layer_local_spec(qk_layernorm=args.qk_layernorm, normalization="RMSNorm")
 
 
+def mark_tensor_parallel(gpt: torch.nn.Module) -> int:
+    """Tag the split weights of megatron's parallel layers as split (``tensor_model_parallel``).
+
+    megatron-core 0.16 sets these attributes only inside its weight initialisation, which is skipped
+    when weights come from a checkpoint (``perform_initialization=False``). Without them its
+    gradient norm -- and twinkle's CPU one -- counts a split weight on TP rank 0 only, so clipping
+    under TP > 1 uses a norm that is too small. Returns how many weights were tagged.
+    """
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+
+    tagged = 0
+    for module in gpt.modules():
+        mode = getattr(module, "parallel_mode", None)  # Transformer Engine layers: 'column' / 'row'
+        if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)) or mode == "column":
+            dim = 0
+        elif isinstance(module, RowParallelLinear) or mode == "row":
+            dim = 1
+        else:
+            continue
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.nn.Parameter) and not hasattr(weight, "tensor_model_parallel"):
+            weight.tensor_model_parallel, weight.partition_dim, weight.partition_stride = True, dim, 1
+            tagged += 1
+    return tagged
+
+
 def rank_layout(args: ModelArgs, sizes: ParallelSizes, ranks: Ranks) -> RankLayout:
     experts = expert_range(args.num_experts, ranks.ep, sizes.ep) if args.num_experts else None
     return RankLayout(tp_rank=ranks.tp, tp_size=sizes.tp, layers=layer_range(args.num_layers, ranks.pp, sizes.pp),
@@ -110,6 +136,8 @@ def build_gpt(args: ModelArgs, sizes: ParallelSizes, ranks: Ranks, mixed_precisi
     gpt = GPTModel(config, layer_spec(args, config, use_te), vocab_size=layout.padded_vocab,
                    pre_process=layout.pre_process, post_process=layout.post_process, parallel_output=True,
                    **args.gpt_kwargs())
+    if not init_weights:
+        mark_tensor_parallel(gpt)
     if device_type == "cuda":
         gpt = gpt.cuda(torch.cuda.current_device())
     return Built(gpt=gpt, config=config, layout=layout, use_te=use_te)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from twinkle import collective
 from twinkle.checkpoint import (
     OPTIMIZER_FILE,
     RNG_FILE,
@@ -40,6 +41,11 @@ def _rng_file() -> str:
     return RNG_FILE if world_size() == 1 else f"rng_state_{rank()}.pt"
 
 
+def _optimizer_file() -> str:
+    """The CPU stand-in's state is per rank under TP (each rank holds its shards)."""
+    return OPTIMIZER_FILE if world_size() == 1 else f"optimizer_{rank()}.pt"
+
+
 class CheckpointMixin:
     """Checkpoint half of the TwinkleModel API."""
 
@@ -64,6 +70,7 @@ class CheckpointMixin:
                 write_trainer_state(tmp, group.trainer_state(
                     consumed_train_samples, mixed_precision=self.mixed_precision,
                     has_optimizer_state=bool(save_optimizer), backend="megatron"))
+        collective.barrier()  # rank 0 renames last: no rank returns a path that does not exist yet
         return str(final)
 
     def load(self, name: str, output_dir: str | None = None, *, adapter_name: str | None = None,
@@ -121,8 +128,8 @@ class CheckpointMixin:
         driver = group.optimizer
         if isinstance(driver, MegatronDriver):
             dist_ckpt.save_optimizer(self, driver, directory)
-        elif isinstance(driver, TorchDriver) and rank() == 0:
-            torch_save(driver.state_dict(), directory / OPTIMIZER_FILE)
+        elif isinstance(driver, TorchDriver):
+            torch_save(driver.state_dict(), directory / _optimizer_file())
         if group.lr_scheduler is not None and rank() == 0:
             torch_save(group.lr_scheduler.state_dict(), directory / SCHEDULER_FILE)
         torch_save(capture_rng_state(), directory / _rng_file())
@@ -141,8 +148,8 @@ class CheckpointMixin:
                 raise CheckpointError(f"{str(directory)!r} has no {dist_ckpt.OPTIMIZER_DIR}/ (megatron optimizer "
                                       "state); it was saved without save_optimizer=True or by the CPU stand-in.")
         else:
-            require_files(directory, [OPTIMIZER_FILE], "optimizer state")
-            restore["optimizer"] = safe_torch_load(directory / OPTIMIZER_FILE)
+            require_files(directory, [_optimizer_file()], "optimizer state")
+            restore["optimizer"] = safe_torch_load(directory / _optimizer_file())
             _check_torch_state(group.optimizer, restore["optimizer"], directory)
         has_scheduler = (directory / SCHEDULER_FILE).is_file()
         if has_scheduler != (group.lr_scheduler is not None):

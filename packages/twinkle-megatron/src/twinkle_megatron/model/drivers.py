@@ -2,45 +2,82 @@
 
 Both drivers share one gradient contract: backward runs on the *sum* of per-token losses
 (megatron's ``calculate_per_token_loss``), and on the accumulation boundary :meth:`finalize`
-divides by the number of tokens of the whole window (all data-parallel ranks together, through
-``finalize_model_grads`` on GPU), giving the token-weighted mean gradient DESIGN.md asks for.
-Clipping happens inside megatron's ``optimizer.step()``; ``clip`` computes and reports the norm
-and sets the threshold that step applies.
+divides by the number of tokens of the whole window (all data- and context-parallel ranks
+together, through ``finalize_model_grads`` on GPU), giving the token-weighted mean gradient
+DESIGN.md asks for. On GPU clipping happens inside megatron's ``optimizer.step()``; ``clip``
+computes and reports the norm and sets the threshold that step applies. Every group has its own
+driver, so several adapters (multi-LoRA tenants) train interleaved with their own optimizer state.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from twinkle import collective
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.optim import MegatronDistributedOptimizer
 
 
 class TorchDriver:
-    """CPU stand-in: torch AdamW with megatron's parameter groups (megatron's optimizer needs CUDA)."""
+    """CPU stand-in: torch AdamW over this rank's shards, with megatron's parameter groups and gradient rules.
+
+    What megatron's DDP, ``finalize_model_grads`` and ``clip_grads`` do on GPU, done with
+    twinkle's collectives: gradients of replicated parameters that only see part of the data on
+    each TP rank (q/k layer norms, sequence-parallel norms) are summed over TP; all gradients are
+    summed over data- and context-parallel ranks and divided by the tokens of the whole window
+    there; the norm counts every shard once (TP duplicates on TP rank 0 only) and is reduced over
+    the model-parallel group, so every rank clips by the same factor.
+    """
 
     kind = "torch AdamW stand-in (CPU only)"
 
-    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.nn.Parameter]],
+                 config: Any) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
         self.optimizer = optimizer
-        self.params = params
+        self.params = [p for _, p in named]
+        self.tp_summed = [p for n, p in named if needs_tp_sum(n, p, config)]
+        self.norm_params = [p for p in self.params if param_is_not_tensor_parallel_duplicate(p)]
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.data_group = ps.get_data_parallel_group(with_context_parallel=True)
+        self.model_group = ps.get_model_parallel_group()
 
     @property
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def finalize(self, num_tokens: Any) -> None:
-        tokens = float(num_tokens)
+        if collective.active(self.tp_group):
+            _all_reduce_grads(self.tp_summed, self.tp_group)
+        tokens = num_tokens
+        if collective.active(self.data_group):
+            _all_reduce_grads(self.params, self.data_group)
+            tokens = collective.sum_values([num_tokens], group=self.data_group)[0]
+        tokens = float(tokens)
         grads = [p.grad for p in self.params if p.grad is not None]
         if tokens > 0 and grads:
             torch._foreach_mul_(grads, 1.0 / tokens)
 
     def clip(self, max_norm: float, norm_type: float) -> float:
-        grads = [p for p in self.params if p.grad is not None]
-        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm, norm_type=norm_type))
+        norm_type = float(norm_type)
+        grads = [p.grad for p in self.norm_params if p.grad is not None]
+        local = torch.nn.utils.get_total_norm(grads, norm_type) if grads else torch.zeros(())
+        if collective.active(self.model_group):
+            if norm_type == math.inf:
+                local = collective.all_reduce(local, op="max", group=self.model_group)
+            else:
+                local = collective.all_reduce(local.double() ** norm_type, group=self.model_group) ** (1 / norm_type)
+        total = local.float()
+        torch.nn.utils.clip_grads_with_norm_([p for p in self.params if p.grad is not None], max_norm, total)
+        return float(total)
 
     def step(self) -> bool:
         self.optimizer.step()
@@ -56,14 +93,42 @@ class TorchDriver:
         self.optimizer.load_state_dict(state)
 
 
+def needs_tp_sum(name: str, param: torch.nn.Parameter, config: Any) -> bool:
+    """Replicated gradients that are partial per TP rank (megatron: _allreduce_non_tensor_model_parallel_grads)."""
+    return bool((config.sequence_parallel and getattr(param, "sequence_parallel", False))
+                or (config.qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name)))
+
+
+def _all_reduce_grads(params: list[torch.nn.Parameter], group: Any) -> None:
+    """Sum the gradients of ``params`` over ``group`` in one flat all-reduce (missing gradients count as zero)."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    if not params:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    reduced = collective.all_reduce(_flatten_dense_tensors(grads), group=group)
+    for grad, value in zip(grads, _unflatten_dense_tensors(reduced, grads)):
+        grad.copy_(value)
+
+
 class MegatronDriver:
-    """megatron-core's DistributedOptimizer over Megatron-DDP chunks (GPU)."""
+    """megatron-core's DistributedOptimizer over the group's own Megatron-DDP chunk (GPU).
+
+    ``params`` are the parameters of that chunk: while megatron collects "the trainable
+    parameters" (finalize_model_grads' TP reductions) only they are trainable, so a group never
+    touches another group's gradients.
+    """
 
     kind = "megatron-core DistributedOptimizer"
 
-    def __init__(self, optimizer: Any, chunks: list[Any]) -> None:
+    def __init__(self, optimizer: Any, chunks: list[Any], params: list[torch.nn.Parameter]) -> None:
         self.optimizer = optimizer
         self.chunks = chunks
+        self.params = params
+        self.scale_loss = optimizer.scale_loss  # the schedule scales this group's loss with it (fp16)
         self._clip: float | None = None
 
     @property
@@ -78,7 +143,8 @@ class MegatronDriver:
         from megatron.core.distributed import finalize_model_grads
 
         tokens = torch.as_tensor(num_tokens, device=torch.cuda.current_device()).reshape(()).to(torch.int64)
-        finalize_model_grads(self.chunks, num_tokens=tokens)
+        with only_trainable(self.chunks[0].module, self.params):
+            finalize_model_grads(self.chunks, num_tokens=tokens)
 
     def clip(self, max_norm: float, norm_type: float) -> float | None:
         if norm_type != 2:
@@ -106,41 +172,63 @@ class MegatronDriver:
         return self.optimizer.get_loss_scale()
 
 
-def wrap_for_training(model: Any) -> list[Any]:
-    """Megatron DDP (over Float16Module for bf16/fp16) around the GPTModel; once per model."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+@contextmanager
+def only_trainable(module: torch.nn.Module, params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """Within the block only ``params`` require grad (megatron's DDP and optimizer take "every trainable one")."""
+    keep = {id(p) for p in params}
+    others = [p for p in module.parameters() if p.requires_grad and id(p) not in keep]
+    for p in others:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in others:
+            p.requires_grad_(True)
+
+
+def training_module(model: Any) -> torch.nn.Module:
+    """What every group's forward runs through once training starts: Float16Module for bf16/fp16 (made once)."""
     from megatron.core.transformer.module import Float16Module
 
-    config = model.transformer_config
-    module = Float16Module(config, model.gpt) if (config.bf16 or config.fp16) else model.gpt
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                               use_distributed_optimizer=True)
-    chunk = DistributedDataParallel(config, ddp_config, module)
-    model.model = chunk
-    model.chunks = [chunk]
-    return model.chunks
+    if model.chunks is None:
+        config = model.transformer_config
+        model.model = Float16Module(config, model.gpt) if (config.bf16 or config.fp16) else model.gpt
+        model.chunks, model.group_chunks = [], {}
+    return model.model
+
+
+def group_chunk(model: Any, group: OptimizerGroup, params: list[torch.nn.Parameter]) -> Any:
+    """The group's Megatron DDP around the shared module, with buffers for ``params`` only (kept per group name).
+
+    Several groups (adapters, multi-LoRA slots) each get their own gradient buffers and so their own
+    distributed optimizer; a slot's chunk outlives its tenant and serves the next one.
+    """
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    module = training_module(model)
+    chunk = model.group_chunks.get(group.name)
+    if chunk is None:
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=True)
+        with only_trainable(module, params):
+            chunk = DistributedDataParallel(model.transformer_config, ddp_config, module)
+        model.group_chunks[group.name] = chunk
+        model.chunks.append(chunk)
+    chunk.zero_grad_buffer()  # nothing left over from an earlier tenant of this slot
+    return chunk
 
 
 def make_driver(model: Any, group: OptimizerGroup, settings: MegatronDistributedOptimizer) -> Any:
-    """Build the group's optimizer; on GPU this wraps the model in Megatron DDP the first time."""
+    """Build the group's optimizer; on GPU the group gets its Megatron-DDP chunk the first time."""
     named = model._group_named_parameters(group)
     if not named:
         raise MegatronConfigError(f"Group {group.name!r} has no trainable parameters; nothing to optimize.")
     if model.device_type != "cuda":
-        if model.sizes.world_size > 1:
-            raise MegatronConfigError(
-                f"On CPU MegatronModel trains on one process only (this mesh has {model.sizes.world_size}): "
-                "megatron-core's distributed optimizer and pipeline schedules need CUDA. Run multi-process "
-                "training on GPUs; on CPU, tp_size>1 serves forward/evaluation and weight conversion."
-            )
-        return TorchDriver(settings.cpu_standin(named), [p for _, p in named])
+        return TorchDriver(settings.cpu_standin(named), named, model.transformer_config)
     from megatron.core.optimizer import get_megatron_optimizer
 
-    others = [g.name for g in model.optimizer_group.values() if g.optimizer is not None and g is not group]
-    if others:
-        raise MegatronConfigError(f"Group {others[0]!r} already owns the Megatron-DDP buffers; on GPU one group per "
-                                  "MegatronModel trains.")
-    chunks = model.chunks or wrap_for_training(model)
-    optimizer = get_megatron_optimizer(settings.config(model.mixed_precision), chunks)
-    model.transformer_config.grad_scale_func = optimizer.scale_loss
-    return MegatronDriver(optimizer, chunks)
+    params = model._ddp_parameters(group)
+    chunk = group_chunk(model, group, params)
+    with only_trainable(chunk.module, params):
+        optimizer = get_megatron_optimizer(settings.config(model.mixed_precision), [chunk])
+    return MegatronDriver(optimizer, [chunk], params)

@@ -45,6 +45,24 @@ class GroupsMixin:
     def _group_parameters(self, group: OptimizerGroup) -> list[torch.nn.Parameter]:
         return [p for _, p in self._group_named_parameters(group)]
 
+    def _ddp_parameters(self, group: OptimizerGroup) -> list[torch.nn.Parameter]:
+        """The parameters the group's Megatron-DDP chunk holds gradient buffers for (GPU)."""
+        return self._group_parameters(group)
+
+    def _module_for(self, group: OptimizerGroup) -> torch.nn.Module:
+        """What a forward of this group runs: its Megatron-DDP chunk once it has one, else the model."""
+        chunks = getattr(group.optimizer, "chunks", None)
+        return chunks[0] if chunks else self.model
+
+    def _freeze_base(self) -> None:
+        """Only LoRA tensors train. On CPU under bf16/fp16 the frozen weights are held in that dtype (half the
+        memory, as megatron holds them on GPU); the LoRA tensors stay fp32, the optimizer's master weights."""
+        dtype = self.precision.autocast_dtype if self.device_type != "cuda" else None
+        for name, param in self.gpt.named_parameters():
+            param.requires_grad = ".lora_A." in name or ".lora_B." in name
+            if dtype is not None and not param.requires_grad and param.is_floating_point():
+                param.data = param.data.to(dtype)
+
     # ---------------------------------------------------------------- adapters
     def add_adapter_to_model(self, adapter_name: str, config_or_dir: Any, **kwargs: Any) -> None:
         """Add a LoRA adapter (a peft LoraConfig, or a PEFT adapter directory) as a new group.
@@ -79,8 +97,7 @@ class GroupsMixin:
                 self._drop_adapter(adapter_name)
                 raise
         if first:
-            for name, param in self.gpt.named_parameters():
-                param.requires_grad = ".lora_A." in name or ".lora_B." in name
+            self._freeze_base()
         self.adapters[adapter_name] = {"config": config, "suffixes": suffixes}
         if DEFAULT_GROUP in self.optimizer_group and not self.optimizer_group[DEFAULT_GROUP].is_adapter:
             del self.optimizer_group[DEFAULT_GROUP]

@@ -21,7 +21,7 @@ from twinkle.mesh import DeviceMesh
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multi_lora import LoraTenant, MultiLora
 from twinkle.remote import remote_class
-from twinkle_megatron.lora.inject import check_lora_config, target_suffixes
+from twinkle_megatron.lora.inject import adapter_parameters, check_lora_config, target_suffixes
 from twinkle_megatron.lora.peft_io import read_adapter
 from twinkle_megatron.lora.slots import MegatronSlots
 from twinkle_megatron.model.groups import _adapter_source
@@ -70,8 +70,7 @@ class MultiLoraMegatronModel(MegatronModel):
         self.slots = MegatronSlots(self.gpt)
         self.optimizer_group: dict[str, OptimizerGroup] = {}
         self.multi_lora = MultiLora(self, max_loras, max_r, slot_config)
-        for name, param in self.gpt.named_parameters():  # every slot stays trainable: a fixed set for DDP
-            param.requires_grad = ".lora_A." in name or ".lora_B." in name
+        self._freeze_base()  # every slot stays trainable; on GPU each slot gets its own DDP chunk
 
     # --------------------------------------------------------- SlotBackend protocol
     def slot_targets(self) -> frozenset[str]:
@@ -119,6 +118,10 @@ class MultiLoraMegatronModel(MegatronModel):
 
     def _group_named_parameters(self, group: OptimizerGroup) -> list[tuple[str, torch.nn.Parameter]]:
         return self.slots.named_parameters(self.slots.specs[group.name])
+
+    def _ddp_parameters(self, group: OptimizerGroup) -> list[torch.nn.Parameter]:
+        """The whole slot (every slot layer): its DDP chunk outlives the tenant and serves the next one."""
+        return [p for _, p in adapter_parameters(self.gpt, group.name)]
 
     def _prepare(self, group: OptimizerGroup, inputs: Any) -> dict[str, Any]:
         batch = super()._prepare(group, inputs)

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from twinkle import collective
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_megatron.errors import MegatronConfigError
-from twinkle_megatron.model.inputs import count_tokens, to_device
+from twinkle_megatron.model.inputs import to_device
 
 
 def split_rows(batch: Mapping[str, Any], parts: int) -> list[dict[str, Any]]:
@@ -35,10 +36,10 @@ def split_rows(batch: Mapping[str, Any], parts: int) -> list[dict[str, Any]]:
 
 
 def _loss_func(model: Any, group: OptimizerGroup, batch: dict[str, Any], output: torch.Tensor) -> tuple:
-    outputs = {"logits": output[..., : model.vocab_size]}
-    total, items = model._compute_loss(group, batch, outputs, {})
+    outputs = model._logits_outputs(output)
+    model._record_forward(group, batch, outputs, True)  # before the loss: megatron's kernel reuses the logits
+    total, items = model._compute_loss(group, batch, outputs, {}, consume=True)
     items_t = torch.as_tensor(items, device=total.device).reshape(()).to(torch.int64)
-    group.record_forward(batch, {"logits": outputs["logits"].detach()}, count_tokens(batch), True)
     group.record_loss(total.detach(), items_t, True)
     report = torch.stack([total.detach().float(), items_t.float()])
     return total, items_t, {"loss": report}
@@ -46,8 +47,7 @@ def _loss_func(model: Any, group: OptimizerGroup, batch: dict[str, Any], output:
 
 def _forward_step(model: Any, group: OptimizerGroup, data_iterator: Any, module: torch.nn.Module) -> tuple:
     batch = to_device(next(data_iterator), model.device)
-    output = module(batch["input_ids"], None, model._mask(batch), runtime_gather_output=True)
-    return output, partial(_loss_func, model, group, batch)
+    return model._run(module, batch), partial(_loss_func, model, group, batch)
 
 
 def _pipeline_sum(values: torch.Tensor) -> torch.Tensor:
@@ -68,12 +68,14 @@ def schedule_forward_backward(model: Any, group: OptimizerGroup, inputs: Any, nu
     if kwargs:
         raise TypeError(f"forward_backward got unexpected arguments {sorted(kwargs)}; it takes inputs=, "
                         "adapter_name=, num_microbatches=, gradient_accumulation_steps=.")
-    batch = model._prepare(group, inputs)
+    batch = model._model_batch(group, model._prepare(group, inputs))
     micro = split_rows(batch, num_microbatches)
-    model.model.train(True)
+    module = model._module_for(group)
+    module.train(True)
     model._activate(group)
+    model.transformer_config.grad_scale_func = getattr(group.optimizer, "scale_loss", None)  # this group's scaler
     results = get_forward_backward_func()(
-        forward_step_func=partial(_forward_step, model, group), data_iterator=iter(micro), model=[model.model],
+        forward_step_func=partial(_forward_step, model, group), data_iterator=iter(micro), model=[module],
         num_microbatches=num_microbatches, seq_length=batch["input_ids"].shape[1],
         micro_batch_size=micro[0]["input_ids"].shape[0], forward_only=False,
     )
@@ -81,6 +83,10 @@ def schedule_forward_backward(model: Any, group: OptimizerGroup, inputs: Any, nu
     for report in results:
         sums += report["loss"].to(sums.device)
     sums = _pipeline_sum(sums)
+    if model.sizes.cp > 1:  # each CP rank summed its own tokens
+        from megatron.core import parallel_state as ps
+
+        sums = collective.all_reduce(sums, group=ps.get_context_parallel_group())
     items = int(sums[1].item())
     group.last_task = "causal_lm"
     group.record_backward(items)

@@ -5,6 +5,11 @@ this rank (pp_size=1): it is what runs on CPU. On CUDA, ``forward_backward`` goe
 megatron-core's forward-backward schedule (``schedule.py``), which also covers pipeline stages.
 Backward always runs on the loss *sum*; the accumulation boundary divides by the window's tokens
 (``drivers.py``).
+
+The model returns this rank's vocabulary shard of the logits; the default cross-entropy and the
+token accuracy are computed on it (``vocab_parallel.py``). Before the forward a batch gets its
+next-token labels and, under context parallelism, is cut to this rank's share of every sequence
+(``parallel/context.py``).
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ from typing import Any
 
 import torch
 
-from twinkle.loss import CrossEntropyLoss, Loss
+from twinkle import collective
+from twinkle.loss import Loss
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_megatron.errors import MegatronConfigError
+from twinkle_megatron.model import vocab_parallel as vp
 from twinkle_megatron.model.inputs import attention_mask, check_plain_causal, collate, count_tokens, to_device
+from twinkle_megatron.parallel import context
 
 
 class TrainingMixin:
@@ -38,9 +46,9 @@ class TrainingMixin:
     def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
         """The group's loss on the last forward (per-item mean, as a number); kwargs go to the loss."""
         group = self._group(adapter_name)
-        total, items = self._compute_loss(group, group.last_inputs, group.last_outputs, kwargs)
+        total, items = self._compute_loss(group, group.last_inputs, group.last_outputs, kwargs, consume=False)
         group.record_loss(total.reshape(()), items, group.last_is_training)
-        return _mean(total, items)
+        return self._sequence_mean(total, items)
 
     def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Back-propagate the last loss sum into the group's accumulating gradients."""
@@ -78,54 +86,100 @@ class TrainingMixin:
         from twinkle_megatron.model.schedule import split_rows
 
         loss_sum, items_sum = 0.0, 0
-        for batch in split_rows(self._prepare(group, inputs), micro):
+        for batch in split_rows(self._model_batch(group, self._prepare(group, inputs)), micro):
             outputs = self._forward_batch(group, batch, task, True)
-            total, items = self._compute_loss(group, batch, outputs, {})
+            total, items = self._compute_loss(group, batch, outputs, {}, consume=True)
             group.record_loss(total.detach(), items, True)
             total.backward()
             loss_sum, items_sum = loss_sum + float(total.detach()), items_sum + items
         group.record_backward(items_sum)
         group.last_loss, group.last_outputs = None, None
-        return loss_sum / max(float(items_sum), 1.0)
+        return self._sequence_mean(loss_sum, items_sum)
 
     # -------------------------------------------------------------- internals
     def _prepare(self, group: OptimizerGroup, inputs: Any) -> dict[str, Any]:
         return to_device(collate(inputs, group, self._pad_token_id(group)), self.device)
 
-    def _mask(self, batch: dict[str, Any]) -> torch.Tensor | None:
+    def _model_batch(self, group: OptimizerGroup, batch: dict[str, Any]) -> dict[str, Any]:
+        """Next-token labels on the whole rows, then (cp > 1) this rank's share of every sequence."""
         if self.use_te:
-            check_plain_causal(batch)
+            check_plain_causal(batch)  # on the whole rows: the split keeps right padding right-padded
+        if isinstance(batch.get("labels"), torch.Tensor):
+            batch = {**batch, vp.NEXT_LABELS: vp.next_token_labels(batch["labels"], vp.ignore_index_of(group.loss))}
+        sizes = self.sizes
+        multiple = context.sequence_multiple(sizes.cp, sizes.tp, sizes.sequence_parallel)
+        if multiple > 1:
+            batch = context.pad_sequence(batch, multiple, self._pad_token_id(group))
+        return context.split_for_rank(batch, sizes.cp, self.ranks.cp)
+
+    def _sequence_mean(self, total: Any, items: Any) -> float:
+        """Per-token mean of a loss sum; under context parallelism summed over the CP ranks first."""
+        if self.sizes.cp > 1:
+            from megatron.core import parallel_state as ps
+
+            total, items = collective.sum_floats([total, items], group=ps.get_context_parallel_group())
+        return float(total.detach() if isinstance(total, torch.Tensor) else total) / max(float(items), 1.0)
+
+    def _mask(self, batch: dict[str, Any]) -> torch.Tensor | None:
+        if self.use_te:  # causal by construction; _model_batch checked the rows
             return None
         return attention_mask(batch, self.args.sliding_window)
 
-    def _run(self, module: torch.nn.Module, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        logits = module(batch["input_ids"], None, self._mask(batch), runtime_gather_output=True)
-        return {"logits": logits[..., : self.vocab_size]}
+    def _run(self, module: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """GPTModel's forward: on the last stage this rank's vocabulary shard of the logits (never gathered)."""
+        return module(batch["input_ids"], None, self._mask(batch), runtime_gather_output=False)
+
+    def _logits_outputs(self, shard: torch.Tensor) -> vp.LogitsOutputs:
+        return vp.LogitsOutputs(vp.mask_vocab_padding(shard, self.vocab_size), self.vocab_size, self.sizes.cp)
+
+    def _record_forward(self, group: OptimizerGroup, batch: dict[str, Any], outputs: vp.LogitsOutputs,
+                        training: bool) -> None:
+        """Metrics see no full logits: token accuracy gets counts from the vocab-parallel arg-max."""
+        group.record_forward(batch, {"vocab_parallel_logits": outputs.vocab_parallel_logits}, count_tokens(batch),
+                             training)
+        group.last_outputs = outputs
+        if vp.NEXT_LABELS in batch:
+            counts = vp.argmax_matches(outputs.vocab_parallel_logits, batch[vp.NEXT_LABELS],
+                                       vp.ignore_index_of(group.loss))
+            vp.feed_token_counts(group.metrics(training), *counts)
 
     def _forward(self, group: OptimizerGroup, inputs: Any, task: str, training: bool, kwargs: dict[str, Any]) -> Any:
         _check_task(task)
         if kwargs:
             raise TypeError(f"Unknown forward options {sorted(kwargs)}; forward takes inputs=, adapter_name=, task=.")
-        return self._forward_batch(group, self._prepare(group, inputs), task, training)
+        return self._forward_batch(group, self._model_batch(group, self._prepare(group, inputs)), task, training)
 
     def _forward_batch(self, group: OptimizerGroup, batch: dict[str, Any], task: str, training: bool) -> Any:
         if self.sizes.pp > 1:
             raise MegatronConfigError("With pp_size > 1 the model is split over pipeline stages: use "
                                       "forward_backward (megatron's schedule) instead of forward/forward_only.")
-        self.model.train(training)
+        module = self._module_for(group)
+        module.train(training)
         self._activate(group)
         with self.precision.autocast():
-            outputs = self._run(self.model, batch)
+            outputs = self._logits_outputs(self._run(module, batch))
         group.last_task = task
-        group.record_forward(batch, outputs, count_tokens(batch), training)
+        self._record_forward(group, batch, outputs, training)
         return outputs
 
-    def _compute_loss(self, group: OptimizerGroup, inputs: Any, outputs: Any,
-                      kwargs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+    def _compute_loss(self, group: OptimizerGroup, inputs: Any, outputs: Any, kwargs: dict[str, Any],
+                      consume: bool) -> tuple[torch.Tensor, Any]:
+        """(loss sum, items) of this rank's tokens; ``consume`` lets the vocab-parallel kernel reuse the logits."""
         if outputs is None:
             raise RuntimeError(f"calculate_loss(adapter_name={group.name!r}) needs a forward first "
                                "(forward(inputs=...) or forward_only(inputs=...)).")
-        loss_fn = group.loss if group.loss is not None else CrossEntropyLoss()
+        loss_fn = group.loss
+        if vp.is_default_cross_entropy(loss_fn):  # its compute() takes no options
+            if vp.NEXT_LABELS not in inputs:
+                raise KeyError("CrossEntropyLoss needs 'labels' in the inputs (encode the dataset with a template).")
+            total, items = vp.cross_entropy_sum(outputs.vocab_parallel_logits, inputs[vp.NEXT_LABELS],
+                                                vp.ignore_index_of(loss_fn), consume)
+            return total.reshape(()), items
+        if self.sizes.cp > 1:
+            raise MegatronConfigError(
+                f"With cp_size={self.sizes.cp} the loss is computed on each rank's part of the sequence; only the "
+                f"default CrossEntropyLoss does that (got {type(loss_fn).__name__}). Use set_loss('CrossEntropyLoss') "
+                "or cp_size=1.")
         if isinstance(loss_fn, Loss):
             total, items = loss_fn.compute(inputs, outputs, **kwargs)
         else:  # a plain callable returns a per-batch mean: every micro-batch weighs the same
@@ -149,7 +203,3 @@ def _check_task(task: str) -> None:
     if task != "causal_lm":
         raise MegatronConfigError(f"task={task!r}: MegatronModel runs 'causal_lm' only (GPTModel has no "
                                   "embedding-pooling head); use TransformersModel for task='embedding'.")
-
-
-def _mean(total: torch.Tensor, items: Any) -> float:
-    return float(total.detach()) / max(float(items), 1.0)

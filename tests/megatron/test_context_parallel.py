@@ -1,0 +1,119 @@
+"""Context parallelism, the part a CPU can check: what each CP rank is given, and that the loss adds up.
+
+CP attention needs Transformer Engine on a GPU (megatron-core's local ``DotProductAttention`` asserts
+``context_parallel_size == 1``), so here one process plays every CP rank in turn: the model's sizes
+say ``cp`` ranks and this process is rank ``r``. The references are independent: megatron's
+load-balanced layout written out as a formula (rank r holds chunks r and 2cp-1-r of 2cp), the
+original rows, and twinkle's CrossEntropyLoss / TokenAccuracy on the whole rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from megatron_testing import VOCAB, hf_model, make_batch, megatron_model, save_hf
+
+from twinkle.loss import CrossEntropyLoss, Loss
+from twinkle.metric.accuracy import TokenAccuracy
+from twinkle_megatron.errors import MegatronConfigError
+from twinkle_megatron.model import vocab_parallel as vp
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return megatron_model(save_hf(hf_model("qwen2"), tmp_path_factory.mktemp("cp")))
+
+
+@pytest.fixture
+def as_rank(model):
+    """``as_rank(cp, r, **sizes)``: the model believes it is context-parallel rank r of cp (restored afterwards)."""
+    sizes, ranks = model.sizes, model.ranks
+
+    def play(cp: int, rank: int, **more) -> None:
+        model.sizes = dataclasses.replace(sizes, cp=cp, **more)
+        model.ranks = dataclasses.replace(ranks, cp=rank)
+
+    yield play
+    model.sizes, model.ranks = sizes, ranks
+
+
+def expected_positions(length: int, cp: int, rank: int) -> list[int]:
+    chunk = length // (2 * cp)
+    chunks = [list(range(i * chunk, (i + 1) * chunk)) for i in range(2 * cp)]
+    return chunks[rank] + chunks[2 * cp - 1 - rank]
+
+
+def _pieces(model, as_rank, batch, cp, **more):
+    group = model.optimizer_group["default"]
+    out = []
+    for rank in range(cp):
+        as_rank(cp, rank, **more)
+        out.append(model._model_batch(group, dict(batch)))
+    return out
+
+
+@pytest.mark.parametrize("cp", [2, 3])
+def test_every_token_is_on_exactly_one_rank_at_its_original_position(model, as_rank, cp):
+    batch = make_batch(seed=1, rows=3, length=13)  # 13 is no multiple of 2*cp: rows are padded first
+    length = -(-13 // (2 * cp)) * (2 * cp)
+    pieces = _pieces(model, as_rank, batch, cp)
+    seen = []
+    for rank, piece in enumerate(pieces):
+        positions = expected_positions(length, cp, rank)
+        assert piece["position_ids"].tolist() == [positions] * 3  # the positions RoPE gives these tokens
+        seen += positions
+        for row in range(3):
+            for i, p in enumerate(positions):
+                original = p < 13
+                assert int(piece["input_ids"][row, i]) == (int(batch["input_ids"][row, p]) if original else 0)
+                assert int(piece["attention_mask"][row, i]) == (int(batch["attention_mask"][row, p]) if original else 0)
+                # what the logits at p predict: the label of p + 1, even when p + 1 lives on another rank
+                label = int(batch["labels"][row, p + 1]) if p + 1 < 13 else -100
+                assert int(piece[vp.NEXT_LABELS][row, i]) == label
+    assert sorted(seen) == list(range(length))
+    assert sum(int(p["attention_mask"].sum()) for p in pieces) == int(batch["attention_mask"].sum())
+
+
+def test_sequence_parallel_pads_to_a_multiple_of_tp_on_every_cp_rank(model, as_rank):
+    pieces = _pieces(model, as_rank, make_batch(seed=2, rows=2, length=13), 2, tp=2, sequence_parallel=True)
+    assert [p["input_ids"].shape[1] for p in pieces] == [8, 8]  # 13 -> 16 = 2 * cp * tp, 8 per rank
+
+
+def test_losses_and_accuracy_of_the_rank_shares_add_up_to_the_whole_rows(model, as_rank):
+    batch = make_batch(seed=3, rows=3, length=16)
+    logits = torch.randn(3, 16, VOCAB, generator=torch.Generator().manual_seed(0))
+    reference, items = CrossEntropyLoss().compute(batch, {"logits": logits})
+    accuracy = TokenAccuracy()
+    accuracy.update(batch, {"logits": logits})
+    group = model.optimizer_group["default"]
+    total, counted, correct = 0.0, 0, 0
+    for rank, piece in enumerate(_pieces(model, as_rank, batch, 2)):
+        as_rank(2, rank)
+        shard = logits[:, piece["position_ids"][0]].clone()  # what this rank's forward computes
+        correct += int(vp.argmax_matches(shard, piece[vp.NEXT_LABELS], -100)[0])
+        loss, n = model._compute_loss(group, piece, model._logits_outputs(shard), {}, consume=True)
+        total, counted = total + float(loss), counted + int(n)
+    assert counted == int(items)
+    assert total == pytest.approx(float(reference), rel=1e-6)
+    assert correct == int(accuracy._correct)
+
+
+class _OwnLoss(Loss):
+    def compute(self, inputs, outputs, **kwargs):
+        return outputs["logits"].sum(), 1
+
+
+def test_a_custom_loss_is_refused_under_context_parallelism(model, as_rank):
+    piece = _pieces(model, as_rank, make_batch(seed=4), 2)[1]
+    group = model.optimizer_group["default"]
+    outputs = model._logits_outputs(torch.randn(4, 6, VOCAB))
+    with pytest.raises(MegatronConfigError, match="full logits are not assembled"):
+        outputs["logits"]
+    group.loss = _OwnLoss()
+    try:
+        with pytest.raises(MegatronConfigError, match=r"cp_size=2 .* only the default CrossEntropyLoss"):
+            model._compute_loss(group, piece, outputs, {}, consume=True)
+    finally:
+        group.loss = None
