@@ -4,7 +4,7 @@ Every pair answers the same question twice: the chosen answer is made of friendl
 rejected one of curt words (made in code below, with held-out pairs for evaluation). The reference
 policy is the base model under the adapter, switched off by the model itself (no second copy):
 
-    python cookbook/dpo.py            # ~1 minute on 2 CPU cores; held-out preference accuracy -> > 0.9
+    python cookbook/dpo.py            # ~15 s on 2 CPU cores: held-out accuracy 0.00 -> 1.00, margin 0 -> ~9
 
 Each step prints the loss, the chosen-minus-rejected margin of the implicit rewards
 ``beta * (log pi - log ref)`` and the preference accuracy. ``--loss ipo|simpo|orpo`` trains the other
@@ -14,9 +14,11 @@ preference losses on the same data.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 import warnings
+from pathlib import Path
 
 import torch
 from peft import LoraConfig
@@ -48,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results-json", default=None, help="also write the curves to this JSON file")
     return p.parse_args(argv)
 
 
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
     (m0, a0), (m1, a1) = history["eval"]
     logger.info("held-out margin %.3f -> %.3f, accuracy %.2f -> %.2f (%d steps, %.0f s)", m0, m1, a0, a1, args.steps,
                 history["seconds"])
+    if args.results_json:
+        Path(args.results_json).write_text(json.dumps(history))
     return history
 
 
