@@ -49,5 +49,5 @@ def test_grpo_cookbook_reward_rises_from_chance(tmp_path):
 def test_dpo_cookbook_margin_and_accuracy_rise(tmp_path):
     results = _run(COOKBOOK / "dpo.py", tmp_path)
     (margin_before, _), (margin_after, accuracy_after) = results["eval"]
-    assert accuracy_after > 0.9 and margin_after > margin_before + 1.0, results["eval"]
+    assert accuracy_after > 0.9 and margin_after > margin_before + 0.5, results["eval"]
     assert sum(results["margin"][-5:]) > sum(results["margin"][:5]), results["margin"]
