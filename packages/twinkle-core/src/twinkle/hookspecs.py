@@ -100,3 +100,28 @@ def register_platforms() -> Specs:
     Detection asks every registered platform whether it is available and picks the one with the
     highest priority.
     """
+
+
+@hookspec
+def register_samplers() -> Specs:
+    """Samplers (``twinkle.sampler.Sampler`` subclasses) that generate completions with per-token logprobs.
+
+    E.g. ``{"TorchSampler": "twinkle_hf.sampler:TorchSampler"}``; an RL loop samples with one, scores
+    the samples with rewards and trains on them.
+    """
+
+
+@hookspec
+def register_advantages() -> Specs:
+    """Advantage estimators: callables ``(rewards, group_size, **options) -> advantages`` per sample.
+
+    Core registers ``grpo`` (group-normalised), ``rloo`` (leave-one-out) and ``reward_minus_baseline``.
+    """
+
+
+@hookspec
+def register_rewards() -> Specs:
+    """Reward functions: callables ``(completion: str, **row) -> float`` scoring one sampled completion.
+
+    A script adds its own with ``twinkle.reward.register_reward(name)`` or passes the function itself.
+    """
