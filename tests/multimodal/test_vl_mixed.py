@@ -1,9 +1,11 @@
-"""Text-only rows mixed with image rows, in one source or several."""
+"""Text-only rows mixed with image rows (one source or several), and the blank vision passes that keep
+data-parallel ranks in step when only some micro-batches hold images."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from peft import LoraConfig
 from vl_testing import FAMILIES, expected_labels, hf_model, image_rows, model, template, text_rows
 
 from twinkle.dataset import Dataset, DatasetMeta
@@ -93,3 +95,46 @@ def test_a_mixed_batch_trains_like_plain_transformers(family):
     moved = {n for n, p in vl.model.named_parameters() if not torch.equal(p, before[n])}
     assert any(".visual." in n for n in moved) and any(".language_model." in n for n in moved)
 
+
+def test_blank_vision_passes_run_the_tower_and_change_no_real_gradient():
+    from twinkle_hf.model.vision_lockstep import extra_vision_passes
+
+    ds = encoded("qwen2_5_vl", image_rows(2), text_rows(2))
+    vl = model("qwen2_5_vl")
+    vl.set_template(ds.template)
+    vl.add_adapter_to_model("sft", LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False),
+                            vision_tower="lora", projector="full")
+    vl.set_optimizer("AdamW", lr=1e-3)
+    blocks = [m for m in vl.model.modules() if type(m).__name__ == "Qwen2_5_VLVisionBlock"]
+    calls = []
+    for block in blocks:
+        block.register_forward_hook(lambda *_: calls.append(1))
+
+    def run(rows, passes):
+        vl.model.zero_grad(set_to_none=True)
+        calls.clear()
+        if passes:
+            with extra_vision_passes(vl._hf_model(), vl._blank_vision_inputs(), passes):
+                loss = vl.forward_backward(inputs=rows, adapter_name="sft")
+        else:
+            loss = vl.forward_backward(inputs=rows, adapter_name="sft")
+        grads = {n: None if p.grad is None else p.grad.clone() for n, p in vl.model.named_parameters()
+                 if p.requires_grad}
+        return loss, grads, len(calls) // len(blocks)
+
+    text, mixed = ds[2:4], ds[0:4]
+    plain_loss, plain, plain_passes = run(text, 0)
+    blank_loss, blank, blank_passes = run(text, 2)
+    assert (plain_passes, blank_passes) == (0, 2)
+    assert blank_loss == plain_loss  # bitwise: 0 x the blank image's features
+    vision = {n for n in plain if ".visual." in n}
+    assert vision and all(plain[n] is None for n in vision)  # a text batch leaves the tower without gradient
+    assert all(blank[n] is not None and not blank[n].any() for n in vision)  # ... the blank passes: exact zeros
+    for name in plain.keys() - vision:
+        assert torch.equal(blank[name], plain[name]), name
+    real_loss, real, real_passes = run(mixed, 0)
+    both_loss, both, both_passes = run(mixed, 1)
+    assert (real_passes, both_passes) == (1, 2) and both_loss == real_loss
+    assert any(real[n].any() for n in vision)
+    for name, grad in real.items():
+        assert torch.equal(both[name], grad), name
