@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 import torch
-from vl_testing import FAMILIES, dataset, template
+from vl_testing import FAMILIES, dataset, expected_labels, template
 
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import DataError, Dataset, DatasetMeta
@@ -38,22 +38,6 @@ def conversation(images):
                                      {"type": "image", "image": images[1]}, {"type": "text", "text": "?"}]},
         {"role": "assistant", "content": "It is blue."},
     ]
-
-
-def expected_labels(ids: list[int], tok) -> list[int]:
-    """Independent rule: after '<|im_start|>assistant\\n', every token up to and including '<|im_end|>' is trained."""
-    header = tok.convert_tokens_to_ids(["<|im_start|>"]) + tok("assistant\n", add_special_tokens=False)["input_ids"]
-    end = tok.convert_tokens_to_ids("<|im_end|>")
-    labels, k = [-100] * len(ids), 0
-    while k < len(ids):
-        if ids[k:k + len(header)] == header:
-            k += len(header)
-            while ids[k] != end:
-                labels[k] = ids[k]
-                k += 1
-            labels[k] = ids[k]
-        k += 1
-    return labels
 
 
 @pytest.mark.parametrize("markers", [True, False], ids=["generation-markers", "prefix-render"])

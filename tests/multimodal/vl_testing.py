@@ -51,3 +51,34 @@ def hf_model(family: str, seed: int = 0):
     torch.manual_seed(seed)
     config = AutoConfig.from_pretrained(resolve_path(FAMILIES[family][1]))
     return AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+
+
+def expected_labels(ids: list[int], tok) -> list[int]:
+    """Independent rule: after '<|im_start|>assistant\\n', every token up to and including '<|im_end|>' is trained."""
+    header = tok.convert_tokens_to_ids(["<|im_start|>"]) + tok("assistant\n", add_special_tokens=False)["input_ids"]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    labels, k = [-100] * len(ids), 0
+    while k < len(ids):
+        if ids[k:k + len(header)] == header:
+            k += len(header)
+            while ids[k] != end:
+                labels[k] = ids[k]
+                k += 1
+            labels[k] = ids[k]
+        k += 1
+    return labels
+
+
+def image_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Standard-format shape rows: '<image>What colour is the shape?' -> the colour."""
+    from twinkle.multimodal.shapes import shape_rows
+
+    return [{"messages": r["messages"], "images": r["images"]} for r in shape_rows(n, seed)]
+
+
+def text_rows(n: int) -> list[dict[str, Any]]:
+    """Text-only standard-format rows (no images column at all)."""
+    return [{"messages": [{"role": "user", "content": f"Count to {k + 2}."},
+                          {"role": "assistant", "content": " ".join(str(i) for i in range(1, k + 3))}]}
+            for k in range(n)]
+

@@ -89,13 +89,16 @@ class Dataset:
     def _combine(self) -> datasets.Dataset:
         import datasets
 
+        from twinkle.multimodal.media import with_media_columns
+
         parts = list(self._parts.values())
         if not parts:
             raise DataError("This Dataset has no source; pass Dataset(DatasetMeta(...)) or call add_dataset().")
         if len(parts) == 1:
             return parts[0]
-        columns = {f"source {n} ({self._metas[k].describe()})": sorted(p.column_names)
-                   for n, (k, p) in enumerate(self._parts.items())}
+        parts = with_media_columns(parts)  # text-only sources mix with image/video ones
+        columns = {f"source {n} ({meta.describe()})": sorted(p.column_names)
+                   for n, (meta, p) in enumerate(zip(self._metas.values(), parts))}
         hint = ("Map each source to the standard format first (dataset.map(processor, dataset_meta=meta)) and encode "
                 "them the same way.")
         if len({tuple(c) for c in columns.values()}) > 1:

@@ -49,7 +49,10 @@ def _from_memory(data: Any) -> datasets.Dataset:
         for i, row in enumerate(rows):
             if not isinstance(row, Mapping):
                 raise DataError(f"DatasetMeta.data row {i} is a {type(row).__name__}, not a dict: {preview(row)}.")
-        return datasets.Dataset.from_list([dict(r) for r in rows])
+        # every column any row has (from_list would keep only the first row's: a text-only first row
+        # would silently drop the images of the rows after it)
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        return datasets.Dataset.from_list([{c: r.get(c) for c in columns} for r in rows])
     except (pa.ArrowException, TypeError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise

@@ -48,3 +48,17 @@ class MediaCollator:
 
     def __repr__(self) -> str:
         return f"MediaCollator({type(self.processor).__name__})"
+
+
+def blank_image_inputs(processor: Any, size: int = 56) -> dict[str, Any]:
+    """The processor's vision inputs (``pixel_values``, ``image_grid_thw``...) for one blank image.
+
+    A data-parallel rank whose micro-batch has no image runs the vision tower on these while other
+    ranks run it on theirs, so that all ranks take part in the same collectives (see docs/multimodal.md).
+    ``size``: a small image (the processor resizes it up to its own minimum where it has one).
+    """
+    import torch
+    from PIL import Image
+
+    features = processor(images=[Image.new("RGB", (size, size), (0, 0, 0))], return_tensors="pt")
+    return {k: v for k, v in features.items() if isinstance(v, torch.Tensor)}

@@ -39,6 +39,30 @@ def media_features() -> dict[str, Any]:
     return {"images": [image], "videos": [{"frames": [image], "path": datasets.Value("string")}]}
 
 
+def with_media_columns(parts: Sequence[Any]) -> list[Any]:
+    """``datasets.Dataset`` sources, those without the media columns another one has given them empty.
+
+    Text-only sources and sources with images or videos then mix (``add_dataset``, ``mix_dataset``):
+    a text-only row carries ``images: []`` / ``videos: []`` (None for a single-value raw column
+    such as ``image``), typed like the source that has the column, and trains as text.
+    """
+    parts = list(parts)
+    for name in (*IMAGE_COLUMNS, *VIDEO_COLUMNS):
+        feature = next((p.features[name] for p in parts if name in p.column_names), None)
+        if feature is None:
+            continue
+        empty = [] if _is_list_feature(feature) else None
+        parts = [p if name in p.column_names else p.add_column(name, [empty] * len(p), feature=feature)
+                 for p in parts]
+    return parts
+
+
+def _is_list_feature(feature: Any) -> bool:
+    import datasets
+
+    return isinstance(feature, (list, tuple, datasets.List, datasets.LargeList))
+
+
 def has_media(row: Mapping[str, Any]) -> bool:
     return any(row.get(c) for c in MEDIA_COLUMNS)
 

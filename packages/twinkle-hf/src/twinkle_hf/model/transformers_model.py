@@ -45,8 +45,8 @@ def _is_meta(model: torch.nn.Module) -> bool:
 
 
 @remote_class()
-class TransformersModel(DistributedMixin, GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin,
-                        CheckpointMixin, SummaryMixin, VisionMixin, TwinkleModel):
+class TransformersModel(VisionMixin, DistributedMixin, GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin,
+                        CheckpointMixin, SummaryMixin, TwinkleModel):
     """A transformers model with per-adapter optimizer groups (see ``twinkle.model.base``).
 
     ``model_id`` is a hub id (``ms://``, ``hf://``), a ``twinkle://`` asset, a local directory or a
