@@ -5,6 +5,9 @@
 - :func:`write_trainer_state` / :func:`read_trainer_state`: ``trainer_state.json``, validated.
 - :func:`capture_rng_state` / :func:`restore_rng_state`: Python, NumPy and torch generators.
 - :func:`safe_torch_load` / :func:`torch_save`: pickled state loaded with ``weights_only=True``.
+- :func:`check_rng_state`, :func:`check_state_like`, :func:`check_optimizer_state`: a side file fits, checked
+  before anything changes (resumes are all-or-nothing).
+- ``twinkle.checkpoint.dcp_safe``: torch.distributed.checkpoint directories read without running pickled code.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from twinkle.checkpoint.layout import (
     require_files,
     validate_save_name,
 )
-from twinkle.checkpoint.rng import capture_rng_state, restore_rng_state
+from twinkle.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng_state
 from twinkle.checkpoint.state import TRAINER_STATE_VERSION, read_trainer_state, write_trainer_state
+from twinkle.checkpoint.validate import check_optimizer_state, check_state_like
 
 __all__ = [
     "OPTIMIZER_FILE",
@@ -35,6 +39,9 @@ __all__ = [
     "CheckpointError",
     "atomic_directory",
     "capture_rng_state",
+    "check_optimizer_state",
+    "check_rng_state",
+    "check_state_like",
     "checkpoint_path",
     "read_trainer_state",
     "require_files",
