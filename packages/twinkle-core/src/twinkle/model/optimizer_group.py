@@ -41,6 +41,27 @@ def check_accumulation_steps(value: Any) -> int:
     return value
 
 
+def check_lr(value: Any, where: str = "lr") -> float:
+    """A learning rate must be a finite number >= 0 (NaN or inf would be stepped into every weight)."""
+    import math
+
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+        raise ValueError(f"{where}={value!r}: a learning rate must be a finite number >= 0, e.g. 1e-4.")
+    return number
+
+
+def check_optimizer_lrs(optimizer: Any, where: str = "the optimizer") -> None:
+    """Every parameter group's lr of a ready optimizer instance passes :func:`check_lr`."""
+    for i, param_group in enumerate(getattr(optimizer, "param_groups", ())):
+        if "lr" in param_group:
+            lr = param_group["lr"]
+            check_lr(lr.item() if hasattr(lr, "item") else lr, f"{where} param_groups[{i}]['lr'], lr")
+
+
 @dataclass
 class _Throughput:
     """Tokens seen since the window started, for tokens/s."""

@@ -186,23 +186,40 @@ class Trainer:
         return path
 
     def _auto_resume(self, loader: Any) -> tuple[dict[str, Any], Path | None]:
-        """Continue from the newest complete checkpoint; a damaged newer one is reported and skipped."""
+        """Continue from the newest checkpoint that verifies and loads; damaged newer ones are reported and skipped.
+
+        If a checkpoint verified but failed to load and no older one loads either, that is an error:
+        training on from a model that may hold part of a checkpoint is never called "from scratch".
+        """
         from twinkle.checkpoint import CheckpointError
 
+        failed: list[str] = []
         for step, path in reversed(store.list_checkpoints(self.ckpt_root)):
             try:
                 state = store.verify(path)
-                progress = self.model.resume_from_checkpoint(str(path / store.MODEL_SUBDIR),
-                                                             adapter_name=self.adapter)
             except CheckpointError as exc:
                 logger.warning("auto_resume: checkpoint %s is damaged (%s); falling back to the previous one.",
                                path.name, exc)
+                continue
+            try:
+                progress = self.model.resume_from_checkpoint(str(path / store.MODEL_SUBDIR),
+                                                             adapter_name=self.adapter)
+            except Exception as exc:  # any load failure is damage: a raw error must not end the run here
+                failed.append(f"{path.name}: {type(exc).__name__}: {exc}")
+                logger.warning("auto_resume: checkpoint %s is damaged (%s: %s); falling back to the previous one.",
+                               path.name, type(exc).__name__, exc)
                 continue
             self.progress.restore(progress)
             loader.resume_from_checkpoint(progress["consumed_train_samples"])
             logger.info("auto_resume: resumed from %s (step %d, %d samples consumed)", path, step,
                         progress["consumed_train_samples"])
             return state, path
+        if failed:
+            raise CheckpointError(
+                f"auto_resume: no checkpoint in {self.ckpt_root} could be loaded ({'; '.join(failed)}). Not "
+                "starting from scratch over a model that may hold part of one: fix or move those checkpoints "
+                "aside, or run with auto_resume=False."
+            )
         logger.info("auto_resume: no complete checkpoint in %s; starting from scratch.", self.ckpt_root)
         return {}, None
 

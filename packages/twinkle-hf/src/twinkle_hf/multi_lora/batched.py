@@ -17,6 +17,7 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from twinkle.loss import CrossEntropyLoss, Loss
+from twinkle.model.batch_check import check_batch
 from twinkle_hf.model.inputs import collate, count_tokens, to_device
 from twinkle_hf.model.tasks import run_task
 from twinkle_hf.multi_lora.slots import Route
@@ -44,8 +45,9 @@ class BatchedMixin:
             if len({g.name for g in groups.values()}) != len(groups):
                 raise ValueError(f"{list(inputs)} name the same tenant twice (tenant and slot names); give each "
                                  "tenant once.")
-            batches = {t: to_device(collate(b, groups[t], self._pad_token_id(groups[t])), self.device)
-                       for t, b in inputs.items()}
+            vocab = self._vocab_size()
+            batches = {t: to_device(check_batch(collate(b, groups[t], self._pad_token_id(groups[t])), vocab,
+                                                groups[t].loss), self.device) for t, b in inputs.items()}
             merged, ranges = _stack(batches, {t: self._pad_token_id(g) for t, g in groups.items()})
             self._check_length(merged)
             routes = [Route(self.slots.specs[groups[t].name], start, stop) for t, (start, stop) in ranges.items()]

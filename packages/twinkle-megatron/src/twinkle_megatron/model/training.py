@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from twinkle.loss import CrossEntropyLoss, Loss
+from twinkle.model.batch_check import check_batch
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.model.inputs import attention_mask, check_plain_causal, collate, count_tokens, to_device
@@ -90,7 +91,8 @@ class TrainingMixin:
 
     # -------------------------------------------------------------- internals
     def _prepare(self, group: OptimizerGroup, inputs: Any) -> dict[str, Any]:
-        return to_device(collate(inputs, group, self._pad_token_id(group)), self.device)
+        return to_device(check_batch(collate(inputs, group, self._pad_token_id(group)), self.vocab_size, group.loss),
+                         self.device)
 
     def _mask(self, batch: dict[str, Any]) -> torch.Tensor | None:
         if self.use_te:
