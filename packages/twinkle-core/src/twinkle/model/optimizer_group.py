@@ -62,6 +62,25 @@ def check_optimizer_lrs(optimizer: Any, where: str = "the optimizer") -> None:
             check_lr(lr.item() if hasattr(lr, "item") else lr, f"{where} param_groups[{i}]['lr'], lr")
 
 
+def check_optimizer_params(optimizer: Any, group_params: Any, group_name: str,
+                           owners: Mapping[str, Any] | None = None) -> None:
+    """An optimizer instance may only hold parameters its group trains (else one group's step moves another's).
+
+    ``owners``: the other groups' parameter lists, to say whose parameters were given.
+    """
+    allowed = {id(p) for p in group_params}
+    foreign = [p for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ()) if id(p) not in allowed]
+    if not foreign:
+        return
+    ids = {id(p) for p in foreign}
+    whose = sorted(name for name, params in (owners or {}).items()
+                   if name != group_name and any(id(p) in ids for p in params))
+    hint = f" (they belong to {', '.join(repr(w) for w in whose)})" if whose else ""
+    raise ValueError(f"The optimizer instance holds {len(foreign)} parameter{'s' if len(foreign) > 1 else ''} that "
+                     f"group {group_name!r} does not train{hint}; a step of {group_name!r} would change them. Build it "
+                     f"over this group's parameters only, or pass the optimizer's name/class to set_optimizer.")
+
+
 @dataclass
 class _Throughput:
     """Tokens seen since the window started, for tokens/s."""
