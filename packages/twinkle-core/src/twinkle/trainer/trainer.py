@@ -18,6 +18,7 @@ from twinkle.trainer import _dist, _infra, setup, store
 from twinkle.trainer._validate import ConfigError
 from twinkle.trainer.config import TrainerConfig
 from twinkle.trainer.export import export_hf
+from twinkle.trainer.lock import WorkDirLock, lock_work_dir
 from twinkle.trainer.profiling import StepProfiler
 from twinkle.trainer.trackers import make_tracker
 
@@ -59,6 +60,7 @@ class Trainer:
         self.work_dir = setup.check_work_dir(self.config.work_dir)
         self.ckpt_root = self.work_dir / "checkpoints"
         self._stop_requested = False
+        self._lock: WorkDirLock | None = None
         self.model: Any = None
         self.on_step: Any = None  # optional callback(step, record) for progress bars
 
@@ -76,6 +78,9 @@ class Trainer:
         try:
             return self._fit()
         finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
             _infra.shutdown(self.config)
 
     def _fit(self) -> FitResult:
@@ -84,6 +89,7 @@ class Trainer:
         cfg, started = self.config, time.perf_counter()
         runtime = _infra.initialize(cfg)
         self.is_main = runtime.rank == 0
+        self._lock = lock_work_dir(self.work_dir, self.is_main)  # before anything in work_dir is touched
         if self.is_main:
             store.clean_stale(self.ckpt_root)
         model_id, init_ckpt = setup.model_source(cfg)
