@@ -17,6 +17,7 @@ gradient accumulation, which lives here so every backend gets the same semantics
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,20 @@ def check_accumulation_steps(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}.")
     return value
+
+
+_ADAPTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+
+
+def check_adapter_name(name: Any, what: str = "adapter_name") -> str:
+    """Adapter and tenant names become directory names and peft keys: letters, digits, '_' and '-' only.
+
+    The whole name must match (``fullmatch``): a trailing newline is refused too.
+    """
+    if not isinstance(name, str) or not _ADAPTER_NAME.fullmatch(name):
+        raise ValueError(f"{what}={name!r} must be a non-empty identifier-like string (letters, digits, '_' or '-'; "
+                         "no dots, slashes, spaces or newlines).")
+    return name
 
 
 def check_lr(value: Any, where: str = "lr") -> float:
