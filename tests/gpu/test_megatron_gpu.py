@@ -128,6 +128,36 @@ def test_distributed_optimizer_save_and_resume_continue_the_same_losses(tmp_path
     assert head + tail == pytest.approx(straight, rel=1e-5, abs=1e-5)
 
 
+def test_a_crafted_optimizer_dist_metadata_is_refused_before_megatron_reads_it(tmp_path):
+    """megatron's reader unpickles optimizer_dist/.metadata; twinkle checks it first (issue 13)."""
+    import pickle
+    import shutil
+
+    from twinkle.checkpoint import CheckpointError
+    from twinkle.checkpoint.dcp_safe import verify_dcp_directory
+
+    path = hf_checkpoint(tmp_path / "hf")
+    first = _fresh(path)
+    _run(first, 0, 1)
+    checkpoint = Path(first.save("step-1", output_dir=str(tmp_path), save_optimizer=True))
+    verify_dcp_directory(checkpoint / "optimizer_dist")  # megatron's own metadata passes the allow-list
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (exec, (f"open({str(marker)!r}, 'w').write('pwned')",))
+
+    evil = tmp_path / "evil"
+    shutil.copytree(checkpoint, evil)
+    (evil / "optimizer_dist" / ".metadata").write_bytes(pickle.dumps(Payload()))
+    resumed = _fresh(path)
+    before = {k: v.clone() for k, v in resumed.get_state_dict().items()}
+    with pytest.raises(CheckpointError, match="never executes pickled code"):
+        resumed.resume_from_checkpoint(str(evil))
+    assert not marker.exists()
+    assert all(torch.equal(before[k], v) for k, v in resumed.get_state_dict().items())
+
+
 def test_lora_through_the_schedule_trains_and_saves_a_peft_adapter(tmp_path):
     from peft import LoraConfig, PeftModel
     from transformers import AutoModelForCausalLM

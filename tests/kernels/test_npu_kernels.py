@@ -39,8 +39,8 @@ def test_npu_package_imports_without_torch_npu_and_reports_unavailable():
         "  'loaded': 'torch_npu' in sys.modules}))"
     )
     out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-    assert out == {"installed": False, "available": False, "choice": False, "platform": False, "backend": "cpu:gloo,npu:hccl",
-                   "loaded": False}
+    assert out == {"installed": False, "available": False, "choice": False, "platform": False,
+                   "backend": "cpu:gloo,npu:hccl", "loaded": False}
 
 
 @pytest.mark.parametrize("attn,padded", [("sdpa", False), ("sdpa", True), ("eager", True)])

@@ -102,9 +102,37 @@ class CUDAPlatform(Platform):
 
 
 def platforms() -> dict[str, type[Platform]]:
-    """Every registered platform class by name (imports each platform module)."""
+    """Every registered platform class by name (imports each platform module); a broken one is skipped, warned."""
+    from twinkle.errors import ComponentLoadError
+
     registry = get_registry()
-    return {name: registry.load("platform", name) for name in registry.names("platform")}
+    found: dict[str, type[Platform]] = {}
+    for name in registry.names("platform"):
+        try:
+            found[name] = registry.load("platform", name)
+        except ComponentLoadError as exc:
+            _warn(f"twinkle platform {name!r} could not be loaded and is ignored: {exc}")
+    return found
+
+
+def is_available(name: str, platform: type[Platform]) -> bool:
+    """``platform.is_available()``; a platform whose check raises is unavailable (with a warning naming its plugin)."""
+    try:
+        return bool(platform.is_available())
+    except Exception as exc:  # noqa: BLE001 - a third-party driver probe must not stop device detection
+        component = get_registry().get("platform", name)
+        _warn(f"twinkle platform {name!r} from {component.distribution} {component.version}: is_available() raised "
+              f"{type(exc).__name__}: {exc}; it is treated as unavailable. Fix its driver or uninstall "
+              f"{component.distribution}.")
+        return False
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    from twinkle.plugins import TwinklePluginWarning
+
+    warnings.warn(message, TwinklePluginWarning, stacklevel=3)
 
 
 def detect_platform(name: str | None = None) -> type[Platform]:
@@ -113,11 +141,11 @@ def detect_platform(name: str | None = None) -> type[Platform]:
     wanted = name or os.environ.get(DEVICE_ENV)
     if wanted:
         platform = registry.load("platform", wanted)
-        if not platform.is_available():
+        if not is_available(wanted, platform):
             raise RuntimeError(
                 f"Platform {wanted!r} was requested (argument or ${DEVICE_ENV}) but is not available on this "
-                f"machine. Available: {', '.join(n for n, p in platforms().items() if p.is_available())}."
+                f"machine. Available: {', '.join(n for n, p in platforms().items() if is_available(n, p))}."
             )
         return platform
-    available = [p for p in platforms().values() if p.is_available()]
+    available = [p for n, p in platforms().items() if is_available(n, p)]
     return max(available, key=lambda p: p.priority) if available else CPUPlatform

@@ -67,28 +67,58 @@ def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
 
 
 def load_entry_point_plugins(pm: TwinklePluginManager) -> None:
-    """Register every installed ``twinkle`` entry point; warn about and skip the broken ones."""
+    """Register every installed ``twinkle`` entry point; warn about and skip the broken ones.
+
+    A plugin that raises anything but KeyboardInterrupt at import (SystemExit included), whose hooks
+    pluggy refuses (wrong signature), or that names a module another plugin already registered costs
+    one warning naming its distribution; every other plugin still loads. Two distributions using one
+    entry-point name both load (the second under ``name@distribution``).
+    """
     disabled = _disabled_names()
-    seen: set[str] = set()
-    for ep in sorted(_entry_points(), key=lambda e: e.name):
-        dist = ep.dist.metadata["Name"] if ep.dist is not None else "<unknown>"
-        version = ep.dist.version if ep.dist is not None else "?"
-        if ep.name in disabled or ep.name in seen:
+    for ep in sorted(_entry_points(), key=lambda e: (e.name, _distribution(e)[0])):
+        dist, version = _distribution(ep)
+        if ep.name in disabled:
             continue
-        seen.add(ep.name)
+        name = ep.name
+        if pm.has_plugin(name):
+            name = f"{ep.name}@{dist}"
+            _warn(f"twinkle plugin name {ep.name!r} is used by more than one distribution; the one from {dist} "
+                  f"{version} is registered as {name!r}. Ask its authors for a unique entry-point name.")
         try:
             plugin = ep.load()
-        except Exception as exc:  # a broken third-party plugin must not take the others down
-            message = f"{type(exc).__name__}: {exc}"
-            pm.failed[ep.name] = message
-            warnings.warn(
-                f"twinkle plugin {ep.name!r} ({ep.value}) from {dist} {version} failed to import and was "
-                f"skipped: {message}. Reinstall or uninstall {dist}, or set {DISABLE_ENV}={ep.name}.",
-                TwinklePluginWarning,
-                stacklevel=2,
-            )
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a broken third-party plugin must not take the others down
+            _skip(pm, name, ep, dist, version, "failed to import", exc)
             continue
-        pm.register_plugin(plugin, Provenance(ep.name, dist, version))
+        if pm.is_registered(plugin):
+            _warn(f"twinkle plugin {ep.name!r} ({ep.value}) from {dist} {version} names a module that is already "
+                  f"registered (as {pm.get_name(plugin)!r}); it was skipped (its hooks are active once already).")
+            continue
+        try:
+            pm.register_plugin(plugin, Provenance(name, dist, version))
+        except pluggy.PluginValidationError as exc:
+            if pm.has_plugin(name):
+                pm.unregister(name=name)  # pluggy may have added some of its hooks before refusing one
+            _skip(pm, name, ep, dist, version, "has a hook pluggy refuses", exc)
+
+
+def _distribution(ep: importlib.metadata.EntryPoint) -> tuple[str, str]:
+    if ep.dist is None:
+        return "<unknown>", "?"
+    return ep.dist.metadata["Name"], ep.dist.version
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, TwinklePluginWarning, stacklevel=3)
+
+
+def _skip(pm: TwinklePluginManager, name: str, ep: importlib.metadata.EntryPoint, dist: str, version: str,
+          what: str, exc: BaseException) -> None:
+    message = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+    pm.failed[name] = message
+    _warn(f"twinkle plugin {ep.name!r} ({ep.value}) from {dist} {version} {what} and was skipped: {message}. "
+          f"Reinstall or uninstall {dist}, or set {DISABLE_ENV}={ep.name}.")
 
 
 def create_plugin_manager(

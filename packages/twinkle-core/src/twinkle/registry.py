@@ -60,6 +60,13 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
 }
 
 
+#: Distributions whose components a third-party plugin cannot displace without ``override=True``.
+FIRST_PARTY = frozenset({"twinkle-core", "twinkle-hf", "twinkle-megatron", "twinkle-npu", "twinkle-server"})
+#: Callable kinds: a name must resolve to a class or function, never a module or a constant.
+CALLABLE_KINDS = frozenset({"loss", "metric", "optimizer", "lr_scheduler", "template", "preprocessor", "processor",
+                            "patch"})
+
+
 @dataclass(frozen=True)
 class ComponentSpec:
     """What a hook may return instead of a bare ``"module:attr"`` string.
@@ -113,6 +120,24 @@ def _as_spec(value: object) -> ComponentSpec | None:
         return None
     module, _, attr = spec.target.partition(":")
     return spec if module and attr else None
+
+
+def _keeps_first_party(old: Component, new: Component) -> bool:
+    """A plugin registering a first-party name without override=True does not displace it."""
+    first = [c for c in (old, new) if c.distribution in FIRST_PARTY]
+    return len(first) == 1 and not (old if first[0] is new else new).override
+
+
+def _check_kind_of(kind: str, obj: Any) -> str | None:
+    """Why ``obj`` cannot be a ``kind`` component (None when it can): models and platforms are classes,
+    the callable kinds are classes or functions (never a module or a constant)."""
+    import inspect
+
+    if kind in ("model", "platform") and not isinstance(obj, type):
+        return "is not a class"
+    if kind in CALLABLE_KINDS and (inspect.ismodule(obj) or not callable(obj)):
+        return "is not a class or callable"
+    return None
 
 
 def _import_target(target: str) -> Any:
@@ -185,6 +210,17 @@ class Registry:
             table.conflicts[new.name].append(new)
             return
         old = table.components.get(new.name)
+        if old is not None and _keeps_first_party(old, new):
+            kept, dropped = (old, new) if old.distribution in FIRST_PARTY else (new, old)
+            table.components[new.name] = kept
+            warnings.warn(
+                f"twinkle plugin {dropped.provider.plugin_name!r} from {dropped.distribution} {dropped.version} "
+                f"registers {new.kind} {new.name!r}, which {kept.distribution} provides; twinkle's own stays. To "
+                "replace it on purpose, register ComponentSpec(..., override=True).",
+                TwinklePluginWarning,
+                stacklevel=4,
+            )
+            return
         if old is None or (new.override and not old.override):
             table.components[new.name] = new
         elif old.override and not new.override:
@@ -274,13 +310,21 @@ class Registry:
         with self._lock:
             if key not in self._loaded:
                 try:
-                    self._loaded[key] = _import_target(component.target)
+                    obj = _import_target(component.target)
                 except Exception as exc:
                     raise ComponentLoadError(
                         f"{kind} {name!r} from {component.distribution} {component.version} points to "
                         f"{component.target!r}, which failed to import ({type(exc).__name__}: {exc}). "
                         f"Reinstall {component.distribution} with its dependencies."
                     ) from exc
+                problem = _check_kind_of(kind, obj)
+                if problem:
+                    raise ComponentLoadError(
+                        f"{kind} {name!r} from {component.distribution} {component.version} points to "
+                        f"{component.target!r}, which {problem} ({type(obj).__name__} {obj!r:.80}). The plugin "
+                        f"registered the wrong object: report it to {component.distribution}'s authors."
+                    )
+                self._loaded[key] = obj
             return self._loaded[key]
 
     def resolve(self, kind: str, obj: Any) -> Any:

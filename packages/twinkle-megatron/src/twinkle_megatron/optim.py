@@ -20,6 +20,7 @@ from typing import Any
 
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler as _MegatronScheduler
 
+from twinkle.model.optimizer_group import check_lr
 from twinkle_megatron.errors import MegatronConfigError
 
 DEFAULT = "default"
@@ -50,6 +51,9 @@ class MegatronDistributedOptimizer:
             raise MegatronConfigError(f"optimizer={kwargs['optimizer']!r}: MegatronDistributedOptimizer runs 'adam' "
                                       "or 'sgd'.")
         kwargs.setdefault("lr", 1e-5)
+        for key in ("lr", "min_lr"):
+            if kwargs.get(key) is not None:
+                check_lr(kwargs[key], key)
         self.settings = kwargs
 
     def config(self, mixed_precision: str) -> Any:

@@ -2,15 +2,22 @@
 
 - :func:`atomic_directory`: write a checkpoint under a temporary name, rename it into place.
 - :func:`checkpoint_path`: join ``output_dir`` and a save name, rejecting names that escape it.
+- :func:`save_target`: that path, refusing to replace a directory that is not a twinkle checkpoint.
+- :func:`check_finite`: refuse to save NaN/inf trainable weights (all ranks agree).
+- ``twinkle.checkpoint.manifest``: ``manifest.json`` with every file's size and xxh3 checksum.
 - :func:`write_trainer_state` / :func:`read_trainer_state`: ``trainer_state.json``, validated.
 - :func:`capture_rng_state` / :func:`restore_rng_state`: Python, NumPy and torch generators.
 - :func:`safe_torch_load` / :func:`torch_save`: pickled state loaded with ``weights_only=True``.
+- :func:`check_rng_state`, :func:`check_state_like`, :func:`check_optimizer_state`: a side file fits, checked
+  before anything changes (resumes are all-or-nothing).
+- ``twinkle.checkpoint.dcp_safe``: torch.distributed.checkpoint directories read without running pickled code.
 """
 
 from __future__ import annotations
 
 from twinkle.checkpoint.atomic import atomic_directory
 from twinkle.checkpoint.errors import CheckpointError
+from twinkle.checkpoint.finite import check_finite
 from twinkle.checkpoint.io import safe_torch_load, torch_save
 from twinkle.checkpoint.layout import (
     OPTIMIZER_FILE,
@@ -19,11 +26,14 @@ from twinkle.checkpoint.layout import (
     SCHEDULER_FILE,
     TRAINER_STATE_FILE,
     checkpoint_path,
+    is_checkpoint_dir,
     require_files,
+    save_target,
     validate_save_name,
 )
-from twinkle.checkpoint.rng import capture_rng_state, restore_rng_state
+from twinkle.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng_state
 from twinkle.checkpoint.state import TRAINER_STATE_VERSION, read_trainer_state, write_trainer_state
+from twinkle.checkpoint.validate import check_optimizer_state, check_state_like
 
 __all__ = [
     "OPTIMIZER_FILE",
@@ -35,11 +45,17 @@ __all__ = [
     "CheckpointError",
     "atomic_directory",
     "capture_rng_state",
+    "check_finite",
+    "check_optimizer_state",
+    "check_rng_state",
+    "check_state_like",
     "checkpoint_path",
+    "is_checkpoint_dir",
     "read_trainer_state",
     "require_files",
     "restore_rng_state",
     "safe_torch_load",
+    "save_target",
     "torch_save",
     "validate_save_name",
     "write_trainer_state",

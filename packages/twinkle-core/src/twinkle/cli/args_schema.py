@@ -209,6 +209,8 @@ def coerce(spec: FieldSpec, value: Any, option: str) -> Any:
             raise _bad(spec, option, value, " (an empty list)")
         return out
     out = _scalar(spec, spec.kind, value, option)
+    if spec.kind == "float" and not math.isfinite(out):
+        raise _bad(spec, option, value, " (a finite number; NaN and inf are never valid here)")
     if spec.choices and out not in spec.choices:
         raise _bad(spec, option, value)
     if spec.min is not None and out < spec.min:

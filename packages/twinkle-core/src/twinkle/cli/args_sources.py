@@ -54,7 +54,20 @@ def from_mapping(schema: Schema, data: Mapping[str, Any], source: str) -> Layer:
                 _set(layer, schema, f"{key}.{raw_name}", item, f"{source}: {key}.{raw_name}")
         elif not _set(layer, schema, key, value, f"{source}: {raw_key}"):
             layer.extra[key] = value  # no field of that name: kept for the script, like an unknown --option
+            warn_if_misspelled(schema, key, f"{source}: {raw_key!r}")
     return layer
+
+
+def warn_if_misspelled(schema: Schema, key: str, where: str) -> None:
+    """An unknown key close to a group or option name is most likely a typo: say so (it still goes to extra)."""
+    import difflib
+    import warnings
+
+    known = [*schema.groups, *(name for name in schema.names if "." not in name)]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+    if close:
+        warnings.warn(f"{where} is not a twinkle option and was kept in extra; did you mean {close[0]!r}? (Put a "
+                      "script's own keys under 'extra:' to silence this.)", UserWarning, stacklevel=4)
 
 
 def _set(layer: Layer, schema: Schema, name: str, value: Any, option: str) -> bool:
@@ -162,6 +175,7 @@ def from_argv(schema: Schema, argv: Sequence[str]) -> Layer:
         hit = resolve(schema, name, f"--{name}")
         if hit is None:
             key = norm(name)
+            warn_if_misspelled(schema, key, f"--{name}")
             if value is None and i < len(argv) and not _is_option(argv[i]):
                 value, i = argv[i], i + 1
             if value is not None:

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from twinkle.dataset.diagnose import diagnose_file, loaded_problem, type_mismatch
 from twinkle.dataset.errors import DataError, preview
 from twinkle.dataset.meta import DatasetMeta
 from twinkle.hub import resolve_path
@@ -49,6 +50,9 @@ def _from_memory(data: Any) -> datasets.Dataset:
         for i, row in enumerate(rows):
             if not isinstance(row, Mapping):
                 raise DataError(f"DatasetMeta.data row {i} is a {type(row).__name__}, not a dict: {preview(row)}.")
+        mismatch = type_mismatch((f"row {i}", r) for i, r in enumerate(rows))
+        if mismatch:
+            raise DataError(f"DatasetMeta.data {mismatch}")
         # every column any row has (from_list would keep only the first row's: a text-only first row
         # would silently drop the images of the rows after it)
         columns = list(dict.fromkeys(k for r in rows for k in r))
@@ -72,10 +76,17 @@ def _from_file(path: str, **load_kwargs: Any) -> datasets.Dataset:
             f"supported: {', '.join(sorted(FILE_BUILDERS))}, or a directory."
         )
     builder, extra = FILE_BUILDERS[suffix]
+    where = f"Could not read {path!r} as {builder}"
+    if os.path.getsize(path) == 0:
+        raise DataError(f"{where}: {diagnose_file(path)}")
     try:
-        return datasets.load_dataset(builder, data_files=path, split="train", **extra, **load_kwargs)
+        dataset = datasets.load_dataset(builder, data_files=path, split="train", **extra, **load_kwargs)
     except Exception as exc:
-        raise DataError(f"Could not read {path!r} as {builder}: {type(exc).__name__}: {_cause(exc)}") from exc
+        raise DataError(f"{where}: {diagnose_file(path) or f'{type(exc).__name__}: {_cause(exc)}'}") from exc
+    problem = loaded_problem(dataset, json_source=builder == "json")
+    if problem:
+        raise DataError(f"{where}: {diagnose_file(path) or problem + '; every row needs the same field types, UTF-8'}")
+    return dataset
 
 
 def _from_dir(path: str, meta: DatasetMeta, **load_kwargs: Any) -> datasets.Dataset:

@@ -17,6 +17,7 @@ gradient accumulation, which lives here so every backend gets the same semantics
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,60 @@ def check_accumulation_steps(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}.")
     return value
+
+
+_ADAPTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+
+
+def check_adapter_name(name: Any, what: str = "adapter_name") -> str:
+    """Adapter and tenant names become directory names and peft keys: letters, digits, '_' and '-' only.
+
+    The whole name must match (``fullmatch``): a trailing newline is refused too.
+    """
+    if not isinstance(name, str) or not _ADAPTER_NAME.fullmatch(name):
+        raise ValueError(f"{what}={name!r} must be a non-empty identifier-like string (letters, digits, '_' or '-'; "
+                         "no dots, slashes, spaces or newlines).")
+    return name
+
+
+def check_lr(value: Any, where: str = "lr") -> float:
+    """A learning rate must be a finite number >= 0 (NaN or inf would be stepped into every weight)."""
+    import math
+
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+        raise ValueError(f"{where}={value!r}: a learning rate must be a finite number >= 0, e.g. 1e-4.")
+    return number
+
+
+def check_optimizer_lrs(optimizer: Any, where: str = "the optimizer") -> None:
+    """Every parameter group's lr of a ready optimizer instance passes :func:`check_lr`."""
+    for i, param_group in enumerate(getattr(optimizer, "param_groups", ())):
+        if "lr" in param_group:
+            lr = param_group["lr"]
+            check_lr(lr.item() if hasattr(lr, "item") else lr, f"{where} param_groups[{i}]['lr'], lr")
+
+
+def check_optimizer_params(optimizer: Any, group_params: Any, group_name: str,
+                           owners: Mapping[str, Any] | None = None) -> None:
+    """An optimizer instance may only hold parameters its group trains (else one group's step moves another's).
+
+    ``owners``: the other groups' parameter lists, to say whose parameters were given.
+    """
+    allowed = {id(p) for p in group_params}
+    foreign = [p for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ()) if id(p) not in allowed]
+    if not foreign:
+        return
+    ids = {id(p) for p in foreign}
+    whose = sorted(name for name, params in (owners or {}).items()
+                   if name != group_name and any(id(p) in ids for p in params))
+    hint = f" (they belong to {', '.join(repr(w) for w in whose)})" if whose else ""
+    raise ValueError(f"The optimizer instance holds {len(foreign)} parameter{'s' if len(foreign) > 1 else ''} that "
+                     f"group {group_name!r} does not train{hint}; a step of {group_name!r} would change them. Build it "
+                     f"over this group's parameters only, or pass the optimizer's name/class to set_optimizer.")
 
 
 @dataclass

@@ -22,14 +22,13 @@ thread's current one (thread-local), so calls without ``adapter_name`` inside th
 from __future__ import annotations
 
 import copy
-import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-_TENANT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+from twinkle.model.optimizer_group import check_adapter_name
 
 
 @dataclass
@@ -187,8 +186,6 @@ class MultiLora:
         return self._local.stack
 
     def _check_name(self, tenant: Any) -> None:
-        if not isinstance(tenant, str) or not _TENANT_NAME.match(tenant):
-            raise ValueError(f"tenant={tenant!r} must be a non-empty identifier-like string (letters, digits, '_' "
-                             "or '-').")
+        check_adapter_name(tenant, "tenant")
         if any(t.adapter_name == tenant for t in self.tenants):
             raise ValueError(f"tenant={tenant!r} is the name of an internal slot; pick another tenant name.")

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from twinkle.model.optimizer_group import check_lr
 from twinkle.trainer._validate import ConfigError, build
 
 TINY_MODEL = "twinkle://tiny-qwen"
@@ -81,6 +82,10 @@ class OptimizerConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        try:
+            check_lr(self.lr)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         _positive("lr", self.lr, allow_none=False)
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay: must be >= 0, got {self.weight_decay!r}.")

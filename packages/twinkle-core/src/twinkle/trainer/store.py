@@ -2,9 +2,10 @@
 
 A checkpoint is ``step-00000012/`` holding ``model/`` (the model's own ``save(save_optimizer=True)``:
 weights, optimizer, scheduler, RNG, data position), ``trainer.json`` (the Trainer's own progress)
-and ``manifest.json`` (every file with its size), written last. The whole directory is built
-under a temporary name and renamed into place, so a directory under its final name is complete;
-:func:`verify` re-checks the manifest so a damaged one (truncated file, missing file) is detected.
+and ``manifest.json`` (every file with its size and xxh3 checksum, ``twinkle.checkpoint.manifest``),
+written last. The whole directory is built under a temporary name and renamed into place, so a
+directory under its final name is complete; :func:`verify` re-checks the manifest so a damaged one
+(missing, truncated or bit-flipped file) is detected before anything is loaded.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.checkpoint import CheckpointError, atomic_directory
+from twinkle.checkpoint.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from twinkle.log import get_logger
 
 logger = get_logger()
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_FILE
 TRAINER_FILE = "trainer.json"
 MODEL_SUBDIR = "model"
 _NAME = re.compile(r"^step-(\d+)$")
@@ -66,24 +68,15 @@ def _finish(tmp: Path, step: int, trainer_state: dict[str, Any]) -> None:
     delay = float(os.environ.get(SAVE_SLEEP_ENV, "0") or 0)
     if delay > 0:
         time.sleep(delay)
-    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=2) + "\n")
+    write_manifest(tmp, step=step)
 
 
-def verify(path: Path) -> dict[str, Any]:
-    """The checkpoint's trainer state, or CheckpointError saying why it is incomplete or damaged."""
-    manifest_path = path / MANIFEST
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{str(path)!r} has no readable {MANIFEST} ({type(exc).__name__}: {exc}).") from exc
-    for name, size in files.items():
-        target = path / name
-        if not target.is_file():
-            raise CheckpointError(f"{str(path)!r} is missing {name}.")
-        if target.stat().st_size != size:
-            raise CheckpointError(f"{str(path)!r}: {name} is {target.stat().st_size} bytes, the manifest says {size}.")
+def verify(path: Path, checksums: bool = True) -> dict[str, Any]:
+    """The checkpoint's trainer state, or CheckpointError saying why it is incomplete or damaged.
+
+    ``checksums=False`` skips reading every byte (presence and sizes only).
+    """
+    verify_manifest(path, checksums=checksums)
     try:
         return json.loads((path / TRAINER_FILE).read_text())
     except ValueError as exc:
@@ -98,12 +91,12 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """The checkpoints that pass :func:`verify`, oldest first."""
+def complete_checkpoints(root: Path, checksums: bool = False) -> list[tuple[int, Path]]:
+    """The checkpoints that pass :func:`verify` (sizes only unless ``checksums``), oldest first."""
     result = []
     for step, path in list_checkpoints(root):
         try:
-            verify(path)
+            verify(path, checksums=checksums)
         except CheckpointError:
             continue
         result.append((step, path))

@@ -18,6 +18,7 @@ from twinkle.trainer import _dist, _infra, setup, store
 from twinkle.trainer._validate import ConfigError
 from twinkle.trainer.config import TrainerConfig
 from twinkle.trainer.export import export_hf
+from twinkle.trainer.lock import WorkDirLock, lock_work_dir
 from twinkle.trainer.profiling import StepProfiler
 from twinkle.trainer.trackers import make_tracker
 
@@ -59,6 +60,7 @@ class Trainer:
         self.work_dir = setup.check_work_dir(self.config.work_dir)
         self.ckpt_root = self.work_dir / "checkpoints"
         self._stop_requested = False
+        self._lock: WorkDirLock | None = None
         self.model: Any = None
         self.on_step: Any = None  # optional callback(step, record) for progress bars
 
@@ -76,6 +78,9 @@ class Trainer:
         try:
             return self._fit()
         finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
             _infra.shutdown(self.config)
 
     def _fit(self) -> FitResult:
@@ -84,6 +89,7 @@ class Trainer:
         cfg, started = self.config, time.perf_counter()
         runtime = _infra.initialize(cfg)
         self.is_main = runtime.rank == 0
+        self._lock = lock_work_dir(self.work_dir, self.is_main)  # before anything in work_dir is touched
         if self.is_main:
             store.clean_stale(self.ckpt_root)
         model_id, init_ckpt = setup.model_source(cfg)
@@ -186,23 +192,40 @@ class Trainer:
         return path
 
     def _auto_resume(self, loader: Any) -> tuple[dict[str, Any], Path | None]:
-        """Continue from the newest complete checkpoint; a damaged newer one is reported and skipped."""
+        """Continue from the newest checkpoint that verifies and loads; damaged newer ones are reported and skipped.
+
+        If a checkpoint verified but failed to load and no older one loads either, that is an error:
+        training on from a model that may hold part of a checkpoint is never called "from scratch".
+        """
         from twinkle.checkpoint import CheckpointError
 
+        failed: list[str] = []
         for step, path in reversed(store.list_checkpoints(self.ckpt_root)):
             try:
                 state = store.verify(path)
-                progress = self.model.resume_from_checkpoint(str(path / store.MODEL_SUBDIR),
-                                                             adapter_name=self.adapter)
             except CheckpointError as exc:
                 logger.warning("auto_resume: checkpoint %s is damaged (%s); falling back to the previous one.",
                                path.name, exc)
+                continue
+            try:
+                progress = self.model.resume_from_checkpoint(str(path / store.MODEL_SUBDIR),
+                                                             adapter_name=self.adapter)
+            except Exception as exc:  # any load failure is damage: a raw error must not end the run here
+                failed.append(f"{path.name}: {type(exc).__name__}: {exc}")
+                logger.warning("auto_resume: checkpoint %s is damaged (%s: %s); falling back to the previous one.",
+                               path.name, type(exc).__name__, exc)
                 continue
             self.progress.restore(progress)
             loader.resume_from_checkpoint(progress["consumed_train_samples"])
             logger.info("auto_resume: resumed from %s (step %d, %d samples consumed)", path, step,
                         progress["consumed_train_samples"])
             return state, path
+        if failed:
+            raise CheckpointError(
+                f"auto_resume: no checkpoint in {self.ckpt_root} could be loaded ({'; '.join(failed)}). Not "
+                "starting from scratch over a model that may hold part of one: fix or move those checkpoints "
+                "aside, or run with auto_resume=False."
+            )
         logger.info("auto_resume: no complete checkpoint in %s; starting from scratch.", self.ckpt_root)
         return {}, None
 

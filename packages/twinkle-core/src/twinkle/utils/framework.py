@@ -9,7 +9,9 @@ def _platform_available(name: str) -> bool:
     registry = get_registry()
     if name not in registry.names("platform"):
         return False
-    return bool(registry.load("platform", name).is_available())
+    from twinkle.platform import is_available
+
+    return is_available(name, registry.load("platform", name))
 
 
 class Torch:

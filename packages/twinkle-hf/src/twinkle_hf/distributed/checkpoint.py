@@ -24,6 +24,8 @@ from twinkle.checkpoint import (
     CheckpointError,
     atomic_directory,
     capture_rng_state,
+    check_rng_state,
+    check_state_like,
     restore_rng_state,
     safe_torch_load,
     torch_save,
@@ -98,33 +100,74 @@ def rng_file(rank: int) -> str:
 
 
 def load_sharded(owner: Any, group: Any, directory: Path, with_training_state: bool) -> None:
-    """Load this rank's shards of the weights (and optimizer, scheduler, scaler, RNG)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+    """Load this rank's shards of the weights (and optimizer, scheduler, scaler, RNG).
 
-    if not (directory / DCP_MODEL).is_dir():
-        raise CheckpointError(f"{str(directory)!r} has no {DCP_MODEL}/ (sharded weights); it was not written by a "
-                              "multi-process save. Load its HF weights with model_id= / add_adapter_to_model.")
+    Every rank first checks every file (DCP metadata read without unpickling code, keys and shapes,
+    the small files' contents) and the ranks agree; only then does anything change.
+    """
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    from twinkle import collective
+    from twinkle.checkpoint.dcp_safe import dcp_load
+
     params = trainable_params(owner, group)
     state = {n: p.detach() for n, p in params.items()}
-    dcp.load(state, checkpoint_id=str(directory / DCP_MODEL))
-    if not with_training_state:
+    fresh = [opt for opt in optimizers_of(group.optimizer) if not opt.state] if group.optimizer is not None else []
+    side, problem = None, None
+    try:
+        _check_dcp(directory, DCP_MODEL, state, "sharded weights")
+        side = _read_side_files(owner, group, directory) if with_training_state else None
+    except Exception as exc:  # every rank must hear about it before anyone loads (a collective)
+        problem = exc
+    failed = collective.failed_ranks(problem is None)
+    if failed:
+        for opt in fresh:  # reading the optimizer's DCP layout initialised a fresh optimizer's state
+            opt.state.clear()
+        if problem is not None:
+            raise problem
+        raise CheckpointError(f"Checking {str(directory)!r} failed on rank(s) {failed}; nothing was loaded here "
+                              "either (see their error).")
+    dcp_load(state, directory / DCP_MODEL)
+    if side is None:
         return
+    dcp_load(side["optimizer"], directory / DCP_OPTIMIZER)
+    set_optimizer_state_dict(owner.model, optimizers_of(group.optimizer), side["optimizer"])
+    if "scheduler" in side:
+        group.lr_scheduler.load_state_dict(side["scheduler"])
+    if "scaler" in side:
+        group.scaler.load_state_dict(side["scaler"])
+    restore_rng_state(side["rng"])
+
+
+def _check_dcp(directory: Path, sub: str, state: dict[str, Any], what: str) -> None:
+    from twinkle.checkpoint.dcp_safe import check_dcp_state, verify_dcp_directory
+
+    if not (directory / sub).is_dir():
+        hint = ("save with save_optimizer=True" if sub == DCP_OPTIMIZER else "it was not written by a multi-process "
+                "save. Load its HF weights with model_id= / add_adapter_to_model")
+        raise CheckpointError(f"{str(directory)!r} has no {sub}/ ({what}); {hint}.")
+    check_dcp_state(verify_dcp_directory(directory / sub), state, f"{str(directory / sub)!r}")
+
+
+def _read_side_files(owner: Any, group: Any, directory: Path) -> dict[str, Any]:
+    """The optimizer's DCP state to load into, and the checked scheduler, scaler and RNG states."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     if group.optimizer is None:
         raise RuntimeError(f"resume_from_checkpoint restores the optimizer of group {group.name!r}, which has none: "
                            "call set_optimizer first, or pass resume_only_model=True.")
-    if not (directory / DCP_OPTIMIZER).is_dir():
-        raise CheckpointError(f"{str(directory)!r} has no {DCP_OPTIMIZER}/; save with save_optimizer=True.")
-    optimizers = optimizers_of(group.optimizer)
-    optim_state = get_optimizer_state_dict(owner.model, optimizers)
-    dcp.load(optim_state, checkpoint_id=str(directory / DCP_OPTIMIZER))
-    set_optimizer_state_dict(owner.model, optimizers, optim_state)
-    if group.lr_scheduler is not None:
-        group.lr_scheduler.load_state_dict(safe_torch_load(directory / SCHEDULER_FILE))
-    if group.scaler is not None:
-        group.scaler.load_state_dict(safe_torch_load(directory / SCALER_FILE))
+    side: dict[str, Any] = {"optimizer": get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))}
+    _check_dcp(directory, DCP_OPTIMIZER, side["optimizer"], "optimizer state")
+    for name, live, key in ((SCHEDULER_FILE, group.lr_scheduler, "scheduler"), (SCALER_FILE, group.scaler, "scaler")):
+        if live is not None:
+            side[key] = safe_torch_load(directory / name)
+            check_state_like(side[key], live.state_dict(), f"{str(directory / name)!r}",
+                             f"group {group.name!r}'s {key}")
     rng = directory / rng_file(comm.rank())
-    restore_rng_state(safe_torch_load(rng if rng.is_file() else directory / RNG_FILE))
+    rng = rng if rng.is_file() else directory / RNG_FILE
+    side["rng"] = safe_torch_load(rng)
+    check_rng_state(side["rng"], f"{str(rng)!r}")
+    return side
 
 
 def gathered_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

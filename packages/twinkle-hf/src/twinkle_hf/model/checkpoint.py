@@ -20,11 +20,15 @@ from twinkle.checkpoint import (
     CheckpointError,
     atomic_directory,
     capture_rng_state,
+    check_finite,
+    check_rng_state,
+    check_state_like,
     checkpoint_path,
     read_trainer_state,
     require_files,
     restore_rng_state,
     safe_torch_load,
+    save_target,
     torch_save,
     write_trainer_state,
 )
@@ -50,12 +54,21 @@ class CheckpointMixin:
     """Checkpoint half of the TwinkleModel API."""
 
     def save(self, name: str, output_dir: str | None = None, *, adapter_name: str | None = None,
-             save_optimizer: bool = False, consumed_train_samples: int = 0, **kwargs: Any) -> str:
-        """Write ``output_dir/name`` (``output_dir`` defaults to ``./output``) and return its path."""
+             save_optimizer: bool = False, consumed_train_samples: int = 0, overwrite: bool = False,
+             allow_non_finite: bool = False, **kwargs: Any) -> str:
+        """Write ``output_dir/name`` (``output_dir`` defaults to ``./output``) and return its path.
+
+        An existing directory of that name is replaced only if it is a twinkle checkpoint (or
+        ``overwrite=True``); NaN/inf trainable weights are refused unless ``allow_non_finite=True``.
+        """
         if kwargs:
             raise TypeError(f"save() got unexpected arguments {sorted(kwargs)}.")
         group = self._group(adapter_name)
-        final = checkpoint_path(name, output_dir)
+        final = save_target(name, output_dir, overwrite)
+        if not allow_non_finite:
+            from twinkle_hf.distributed.checkpoint import trainable_params
+
+            check_finite(trainable_params(self, group).items(), f"group {group.name!r}")
         if save_optimizer and group.micro_step:
             logger.warning("Saving group %r in the middle of gradient accumulation (%d of %d micro-batches): the "
                            "pending gradients are not saved.", group.name, group.micro_step,
@@ -191,6 +204,7 @@ class CheckpointMixin:
         require_files(directory, [OPTIMIZER_FILE, RNG_FILE], "optimizer and RNG state for an exact resume")
         restore: dict[str, Any] = {"optimizer": safe_torch_load(directory / OPTIMIZER_FILE),
                                    "rng": safe_torch_load(directory / RNG_FILE)}
+        check_rng_state(restore["rng"], f"{str(directory / RNG_FILE)!r}")
         try:
             check_optimizer_state(group.optimizer, restore["optimizer"])
         except ValueError as exc:
@@ -200,12 +214,14 @@ class CheckpointMixin:
         if has_scheduler and group.lr_scheduler is None:
             raise RuntimeError(f"{str(directory)!r} has an lr scheduler state but group {group.name!r} has no "
                                "scheduler: call set_lr_scheduler(...) before resume_from_checkpoint.")
-        if group.lr_scheduler is not None:
-            require_files(directory, [SCHEDULER_FILE], "lr scheduler state")
-            restore["scheduler"] = safe_torch_load(directory / SCHEDULER_FILE)
-        if group.scaler is not None:
-            require_files(directory, [SCALER_FILE], "fp16 GradScaler state")
-            restore["scaler"] = safe_torch_load(directory / SCALER_FILE)
+        sides = ((SCHEDULER_FILE, group.lr_scheduler, "scheduler", "lr scheduler state"),
+                 (SCALER_FILE, group.scaler, "scaler", "fp16 GradScaler state"))
+        for name, live, key, why in sides:
+            if live is not None:
+                require_files(directory, [name], why)
+                restore[key] = safe_torch_load(directory / name)
+                check_state_like(restore[key], live.state_dict(), f"{str(directory / name)!r}",
+                                 f"group {group.name!r}'s {key}")
         return restore
 
     def _apply_training_state(self, group: OptimizerGroup, restore: dict[str, Any]) -> None:

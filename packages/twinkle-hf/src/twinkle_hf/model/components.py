@@ -12,6 +12,7 @@ from torch.optim import Optimizer
 from twinkle.log import get_logger
 from twinkle.model.components import ComponentsMixin as CoreComponentsMixin
 from twinkle.model.components import build_component
+from twinkle.model.optimizer_group import check_lr, check_optimizer_lrs, check_optimizer_params
 from twinkle.registry import resolve
 from twinkle_hf.model.optim import build_optimizer
 
@@ -28,11 +29,16 @@ class ComponentsMixin(CoreComponentsMixin):
         Replacing an optimizer drops the group's lr scheduler, which was bound to the old one.
         """
         group = self._group(adapter_name)
+        if "lr" in kwargs:
+            check_lr(kwargs["lr"])
         resolved = resolve("optimizer", optimizer_cls)
         if isinstance(resolved, Optimizer):
             if kwargs:
                 raise TypeError(f"set_optimizer got an optimizer instance and arguments {sorted(kwargs)}; "
                                 "pass the class or its name to construct it with arguments.")
+            check_optimizer_lrs(resolved)
+            others = {name: self._group_parameters(g) for name, g in self.optimizer_group.items() if g is not group}
+            check_optimizer_params(resolved, self._group_parameters(group), group.name, others)
             optimizer = resolved
         elif isinstance(resolved, type) and issubclass(resolved, Optimizer):
             params = self._group_parameters(group)

@@ -17,10 +17,15 @@ from peft import PeftConfig, PeftModel, get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import ModulesToSaveWrapper
 
-from twinkle.model.optimizer_group import DEFAULT_GROUP, OptimizerGroup, check_accumulation_steps, lookup_group
+from twinkle.model.optimizer_group import (
+    DEFAULT_GROUP,
+    OptimizerGroup,
+    check_accumulation_steps,
+    check_adapter_name,
+    lookup_group,
+)
 from twinkle_hf.model.vision import adapter_config
 
-_ADAPTER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 _GROUP_OPTIONS = ("gradient_accumulation_steps", "vision_tower", "projector")
 
 
@@ -116,9 +121,7 @@ class GroupsMixin:
         self.model.set_adapter(adapter_name)
 
     def _check_adapter_name(self, adapter_name: Any) -> None:
-        if not isinstance(adapter_name, str) or not _ADAPTER_NAME.match(adapter_name):
-            raise ValueError(f"adapter_name={adapter_name!r} must be a non-empty identifier-like string "
-                             "(letters, digits, '_' or '-', no dots or slashes).")
+        check_adapter_name(adapter_name)
         if adapter_name in self.optimizer_group and self.optimizer_group[adapter_name].is_adapter:
             raise ValueError(f"An adapter named {adapter_name!r} already exists; pick another name.")
 

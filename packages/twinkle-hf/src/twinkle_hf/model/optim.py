@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch.optim import AdamW, Muon, Optimizer
 
+from twinkle.checkpoint import check_optimizer_state as check_torch_optimizer_state
+
 #: Keyword arguments only Muon understands; AdamW takes the rest (lr, weight_decay, ...).
 MUON_ONLY_KWARGS = ("momentum", "nesterov", "ns_coefficients", "ns_steps", "adjust_lr_fn")
 #: Keyword arguments only AdamW understands, given to Muon's partner optimizer.
@@ -95,13 +97,7 @@ def check_optimizer_state(optimizer: Optimizer, state_dict: Any) -> None:
         check_optimizer_state(optimizer.muon, state_dict["muon"])
         check_optimizer_state(optimizer.adamw, state_dict["adamw"])
         return
-    if not isinstance(state_dict, Mapping) or "param_groups" not in state_dict or "state" not in state_dict:
-        raise ValueError("the saved optimizer state has no 'param_groups'/'state' (saved by another optimizer?)")
-    saved = [len(g["params"]) for g in state_dict["param_groups"]]
-    current = [len(g["params"]) for g in optimizer.param_groups]
-    if saved != current:
-        raise ValueError(f"the saved optimizer has parameter groups of sizes {saved}, this one has {current} "
-                         "(different adapter, model, or optimizer type)")
+    check_torch_optimizer_state(optimizer, state_dict)
 
 
 def _is_muon(cls: Any) -> bool:

@@ -9,6 +9,7 @@ import torch
 
 from twinkle.loss import CrossEntropyLoss, InfoNCELoss, Loss, TokenOutputs
 from twinkle.loss.token_inputs import needs_reference, reference_logprobs
+from twinkle.model.batch_check import check_batch
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.remote import remote_function
 from twinkle_hf.model.inputs import collate, count_tokens, to_device
@@ -103,7 +104,8 @@ class TrainingMixin:
         if unknown:
             raise TypeError(f"Unknown forward options {unknown}; forward takes inputs=, adapter_name=, task= and "
                             f"{', '.join(_FORWARD_OPTIONS)}.")
-        batch = to_device(collate(inputs, group, self._pad_token_id(group)), self.device)
+        batch = check_batch(collate(inputs, group, self._pad_token_id(group)), self._vocab_size(), group.loss)
+        batch = to_device(batch, self.device)
         group.last_outputs = group.last_loss = None  # release the previous logits before allocating new ones
         self._ensure_wrapped()
         if self.model.training != training:
@@ -184,6 +186,15 @@ class TrainingMixin:
                 "or train a LoRA adapter (its reference is the base model, no copy).")
         with self.model.disable_adapter():
             yield
+
+    def _vocab_size(self) -> int | None:
+        """Rows of the input embedding: token ids must be below it (None when the model does not say)."""
+        try:
+            embeddings = self._hf_model().get_input_embeddings()
+        except (AttributeError, NotImplementedError):
+            return None
+        embeddings = getattr(embeddings, "base_layer", embeddings)  # a LoRA-wrapped embedding
+        return getattr(embeddings, "num_embeddings", None)
 
     def _pad_token_id(self, group: OptimizerGroup) -> int:
         """Padding id for the default processor: the template's tokenizer, else the model config, else 0."""

@@ -18,6 +18,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from twinkle.loss import CrossEntropyLoss, Loss, TokenOutputs
 from twinkle.loss.token_inputs import needs_reference
+from twinkle.model.batch_check import check_batch
 from twinkle.processor.input_processor import TOKEN_FIELDS
 from twinkle_hf.model.inputs import collate, count_tokens, to_device
 from twinkle_hf.model.tasks import run_task
@@ -47,8 +48,9 @@ class BatchedMixin:
             if len({g.name for g in groups.values()}) != len(groups):
                 raise ValueError(f"{list(inputs)} name the same tenant twice (tenant and slot names); give each "
                                  "tenant once.")
-            batches = {t: to_device(collate(b, groups[t], self._pad_token_id(groups[t])), self.device)
-                       for t, b in inputs.items()}
+            vocab = self._vocab_size()
+            batches = {t: to_device(check_batch(collate(b, groups[t], self._pad_token_id(groups[t])), vocab,
+                                                groups[t].loss), self.device) for t, b in inputs.items()}
             merged, ranges = _stack(batches, {t: self._pad_token_id(g) for t, g in groups.items()})
             self._check_length(merged)
             if any(needs_reference(groups[t].loss, batches[t]) for t in inputs):  # one base forward serves all

@@ -19,11 +19,16 @@ from twinkle.checkpoint import (
     SCHEDULER_FILE,
     CheckpointError,
     capture_rng_state,
+    check_finite,
+    check_optimizer_state,
+    check_rng_state,
+    check_state_like,
     checkpoint_path,
     read_trainer_state,
     require_files,
     restore_rng_state,
     safe_torch_load,
+    save_target,
     torch_save,
     write_trainer_state,
 )
@@ -50,12 +55,19 @@ class CheckpointMixin:
     """Checkpoint half of the TwinkleModel API."""
 
     def save(self, name: str, output_dir: str | None = None, *, adapter_name: str | None = None,
-             save_optimizer: bool = False, consumed_train_samples: int = 0, **kwargs: Any) -> str:
-        """Write ``output_dir/name`` (default ``./output``) from every rank; returns its path."""
+             save_optimizer: bool = False, consumed_train_samples: int = 0, overwrite: bool = False,
+             allow_non_finite: bool = False, **kwargs: Any) -> str:
+        """Write ``output_dir/name`` (default ``./output``) from every rank; returns its path.
+
+        Replaces only a twinkle checkpoint of that name (or anything, with ``overwrite=True``);
+        refuses NaN/inf trainable weights unless ``allow_non_finite=True``.
+        """
         if kwargs:
             raise TypeError(f"save() got unexpected arguments {sorted(kwargs)}.")
         group = self._group(adapter_name)
-        final = checkpoint_path(name, output_dir)
+        final = save_target(name, output_dir, overwrite)
+        if not allow_non_finite:
+            check_finite(self._group_named_parameters(group), f"group {group.name!r}")
         with shared_atomic_directory(final, self.device) as tmp:
             if group.is_adapter:
                 write_adapter_dir(self, group.name, tmp)
@@ -143,10 +155,12 @@ class CheckpointMixin:
         restore: dict[str, Any] = {}
         require_files(directory, [_rng_file()], "RNG state for an exact resume")
         restore["rng"] = safe_torch_load(directory / _rng_file())
+        check_rng_state(restore["rng"], f"{str(directory / _rng_file())!r}")
         if isinstance(group.optimizer, MegatronDriver):
             if not dist_ckpt.has_optimizer(directory):
                 raise CheckpointError(f"{str(directory)!r} has no {dist_ckpt.OPTIMIZER_DIR}/ (megatron optimizer "
                                       "state); it was saved without save_optimizer=True or by the CPU stand-in.")
+            dist_ckpt.check_optimizer(directory)
         else:
             require_files(directory, [_optimizer_file()], "optimizer state")
             restore["optimizer"] = safe_torch_load(directory / _optimizer_file())
@@ -158,6 +172,8 @@ class CheckpointMixin:
                                "set_lr_scheduler(...) match the saved run before resume_from_checkpoint.")
         if has_scheduler:
             restore["scheduler"] = safe_torch_load(directory / SCHEDULER_FILE)
+            check_state_like(restore["scheduler"], group.lr_scheduler.state_dict(),
+                             f"{str(directory / SCHEDULER_FILE)!r}", f"group {group.name!r}'s scheduler")
         return restore
 
     def _apply_training_state(self, group: OptimizerGroup, directory: Path, restore: dict[str, Any]) -> None:
@@ -171,10 +187,7 @@ class CheckpointMixin:
 
 
 def _check_torch_state(driver: Any, state: Any, directory: Path) -> None:
-    if not isinstance(state, dict) or "param_groups" not in state or "state" not in state:
-        raise CheckpointError(f"{str(directory / OPTIMIZER_FILE)!r} is not a torch optimizer state.")
-    saved = [len(g["params"]) for g in state["param_groups"]]
-    current = [len(g["params"]) for g in driver.optimizer.param_groups]
-    if saved != current:
-        raise CheckpointError(f"{str(directory / OPTIMIZER_FILE)!r} has parameter groups of sizes {saved}, this "
-                              f"optimizer has {current} (different adapter, model, or optimizer).")
+    try:
+        check_optimizer_state(driver.optimizer, state)
+    except ValueError as exc:
+        raise CheckpointError(f"{str(directory / OPTIMIZER_FILE)!r} does not fit this optimizer: {exc}.") from exc

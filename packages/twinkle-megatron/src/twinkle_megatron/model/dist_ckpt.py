@@ -50,10 +50,22 @@ def _materialise_adam_state(optimizer: Any) -> None:
                                           "exp_avg_sq": torch.zeros_like(param)}
 
 
+def check_optimizer(directory: Path) -> None:
+    """Refuse an ``optimizer_dist/`` whose pickled parts would run code when megatron's reader loads them.
+
+    megatron reads the DCP metadata with ``pickle.load`` and byte values with ``weights_only=False``;
+    twinkle-core checks both safely first (``twinkle.checkpoint.dcp_safe``).
+    """
+    from twinkle.checkpoint.dcp_safe import verify_dcp_directory
+
+    verify_dcp_directory(directory / OPTIMIZER_DIR)
+
+
 def load_optimizer(model: Any, driver: Any, directory: Path) -> None:
     """Collective: restore the optimizer (fp32 main parameters and moments) saved by :func:`save_optimizer`."""
     from megatron.core import dist_checkpointing
 
+    check_optimizer(directory)
     _materialise_adam_state(driver.optimizer)
 
     sharded = {"optimizer": driver.optimizer.sharded_state_dict(_model_sharded(model), is_loading=True,

@@ -9,18 +9,22 @@ group being run is active in a forward.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from twinkle.model.optimizer_group import DEFAULT_GROUP, OptimizerGroup, check_accumulation_steps, lookup_group
+from twinkle.model.optimizer_group import (
+    DEFAULT_GROUP,
+    OptimizerGroup,
+    check_accumulation_steps,
+    check_adapter_name,
+    lookup_group,
+)
 from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.lora.inject import adapter_parameters, add_lora, check_lora_config, set_active, target_suffixes
 from twinkle_megatron.lora.peft_io import import_adapter, read_adapter
 
-_ADAPTER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 _GROUP_OPTIONS = ("gradient_accumulation_steps",)
 
 
@@ -75,9 +79,7 @@ class GroupsMixin:
             raise TypeError(f"add_adapter_to_model got unknown options {unknown}; "
                             f"it takes {', '.join(_GROUP_OPTIONS)}.")
         accumulation = check_accumulation_steps(kwargs.get("gradient_accumulation_steps", 1))
-        if not isinstance(adapter_name, str) or not _ADAPTER_NAME.match(adapter_name):
-            raise ValueError(f"adapter_name={adapter_name!r} must be a non-empty identifier-like string "
-                             "(letters, digits, '_' or '-', no dots or slashes).")
+        check_adapter_name(adapter_name)
         if adapter_name in self.adapters:
             raise ValueError(f"An adapter named {adapter_name!r} already exists; pick another name.")
         if getattr(self, "chunks", None) is not None:

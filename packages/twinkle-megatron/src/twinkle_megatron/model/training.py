@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from twinkle import collective
-from twinkle.loss import Loss
+from twinkle.loss import CrossEntropyLoss, Loss
+from twinkle.model.batch_check import check_batch
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.model import vocab_parallel as vp
@@ -98,7 +99,8 @@ class TrainingMixin:
 
     # -------------------------------------------------------------- internals
     def _prepare(self, group: OptimizerGroup, inputs: Any) -> dict[str, Any]:
-        return to_device(collate(inputs, group, self._pad_token_id(group)), self.device)
+        return to_device(check_batch(collate(inputs, group, self._pad_token_id(group)), self.vocab_size, group.loss),
+                         self.device)
 
     def _model_batch(self, group: OptimizerGroup, batch: dict[str, Any]) -> dict[str, Any]:
         """Next-token labels on the whole rows, then (cp > 1) this rank's share of every sequence."""
