@@ -1,4 +1,11 @@
-"""Capture and restore every random generator a training step may draw from."""
+"""Capture and restore every random generator a training step may draw from.
+
+Each rank saves its own generators: Python, NumPy, torch's CPU generator and the generator of the
+accelerator it runs on (its *current* CUDA/NPU device, not every device the process can see), with
+the device layout it was saved under. Restoring puts that generator on the current device, so a
+run resumes on a machine with a different number of visible devices; a layout that differs is
+reported, since the random streams of other devices are not carried over.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +13,19 @@ import random
 from typing import Any
 
 from twinkle.checkpoint.errors import CheckpointError
+from twinkle.log import get_logger
+
+logger = get_logger()
+#: Accelerator families whose current-device generator is saved (``torch.<name>``).
+ACCELERATORS = ("cuda", "npu")
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and (when present) CUDA generator states, in torch-loadable form.
+    """Python, NumPy, torch CPU and (when in use) the current accelerator device's generator, torch-loadable.
 
     NumPy's key array is stored as a tensor so ``torch.load(weights_only=True)`` can read it back.
+    ``state['cuda']`` is this rank's current CUDA device's generator and ``state['cuda_layout']``
+    ``{'device': index, 'device_count': visible devices}`` (likewise for ``npu``).
     """
     import numpy as np
     import torch
@@ -23,8 +37,9 @@ def capture_rng_state() -> dict[str, Any]:
                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    for name, module in _accelerators():
+        state[name] = module.get_rng_state()
+        state[f"{name}_layout"] = {"device": int(module.current_device()), "device_count": int(module.device_count())}
     return state
 
 
@@ -47,8 +62,42 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate(python_state)
     np.random.set_state(numpy_state)
     torch.set_rng_state(torch_state)
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, module in _accelerators(initialised=False):
+        if name in state:
+            _restore_device_generator(name, module, state[name], state.get(f"{name}_layout"))
+
+
+def _accelerators(initialised: bool = True) -> list[tuple[str, Any]]:
+    """``(name, torch.<name>)`` of the accelerator families available here (and in use, if ``initialised``)."""
+    import torch
+
+    found = []
+    for name in ACCELERATORS:
+        module = getattr(torch, name, None)
+        if module is None or not module.is_available():
+            continue
+        if initialised and not module.is_initialized():
+            continue
+        found.append((name, module))
+    return found
+
+
+def _restore_device_generator(name: str, module: Any, saved: Any, layout: Any) -> None:
+    """This rank's saved generator onto its current device; a different device layout is reported."""
+    device, count = int(module.current_device()), int(module.device_count())
+    if isinstance(saved, (list, tuple)):  # checkpoints before the per-rank format: one state per visible device
+        if len(saved) == count:
+            module.set_rng_state_all(saved)
+            return
+        layout = {"device": None, "device_count": len(saved)}
+        saved = saved[device] if device < len(saved) else saved[0]
+    module.set_rng_state(saved, device)
+    if isinstance(layout, dict) and layout.get("device_count") != count:
+        logger.warning("The checkpoint's %s RNG state was saved with %s visible %s device(s) (this rank on device "
+                       "%s); this process sees %d and runs on device %d. Restored this rank's generator onto its "
+                       "current device; random streams of other devices are not carried over, so dropout and "
+                       "sampling on them differ from the uninterrupted run.", name, layout.get("device_count"),
+                       name, layout.get("device"), count, device)
 
 
 def _python_state_to_lists(state: tuple) -> list:
