@@ -1,6 +1,7 @@
 """Checkpoint helpers every backend reuses.
 
-- :func:`atomic_directory`: write a checkpoint under a temporary name, rename it into place.
+- :func:`atomic_directory`: write a checkpoint under a temporary name, rename it into place;
+  :func:`shared_atomic_directory`: the same for every rank of a torchrun job.
 - :func:`checkpoint_path`: join ``output_dir`` and a save name, rejecting names that escape it.
 - :func:`write_trainer_state` / :func:`read_trainer_state`: ``trainer_state.json``, validated.
 - :func:`capture_rng_state` / :func:`restore_rng_state`: Python, NumPy and torch generators.
@@ -9,7 +10,7 @@
 
 from __future__ import annotations
 
-from twinkle.checkpoint.atomic import atomic_directory
+from twinkle.checkpoint.atomic import atomic_directory, shared_atomic_directory
 from twinkle.checkpoint.errors import CheckpointError
 from twinkle.checkpoint.io import safe_torch_load, torch_save
 from twinkle.checkpoint.layout import (
@@ -40,6 +41,7 @@ __all__ = [
     "require_files",
     "restore_rng_state",
     "safe_torch_load",
+    "shared_atomic_directory",
     "torch_save",
     "validate_save_name",
     "write_trainer_state",

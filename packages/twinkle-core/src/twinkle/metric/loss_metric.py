@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from twinkle import collective
 from twinkle.metric.base import Metric
-from twinkle.metric.reduce import sum_across_ranks
 
 
 class LossMetric(Metric):
@@ -21,8 +21,8 @@ class LossMetric(Metric):
         self._items = self._items + num_items
 
     def compute(self) -> dict[str, float]:
-        total, items, seen = sum_across_ranks([0.0 if self._sum is None else self._sum, self._items,
-                                               0.0 if self._sum is None else 1.0])
+        total, items, seen = collective.sum_floats([0.0 if self._sum is None else self._sum, self._items,
+                                                    0.0 if self._sum is None else 1.0], collective.data_group())
         if not seen:
             return {}
         return {self.name: total / max(items, 1.0)}
