@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from twinkle.loss import CrossEntropyLoss, Loss
-from twinkle_hf.model.inputs import collate, count_tokens, to_device
+from twinkle.model.inputs import check_row_length, collate, count_tokens, to_device
+from twinkle.model.losses import compute_loss
+from twinkle.utils.lazy_float import LazyFloat
 from twinkle_hf.model.tasks import run_task
 from twinkle_hf.multi_lora.slots import Route
 
@@ -28,7 +29,7 @@ _PAD = {"input_ids": None, "attention_mask": 0, "labels": -100, "position_ids": 
 class BatchedMixin:
     """The fused multi-tenant training step of MultiLoraTransformersModel."""
 
-    def forward_backward_multi(self, inputs: Mapping[str, Any], *, task: str = "causal_lm") -> dict[str, float]:
+    def forward_backward_multi(self, inputs: Mapping[str, Any], *, task: str = "causal_lm") -> dict[str, LazyFloat]:
         """One forward + backward for ``{tenant: batch}``; returns each tenant's per-token mean loss.
 
         Equivalent to ``forward_backward(inputs=batch, adapter_name=tenant)`` for every tenant (each
@@ -47,7 +48,7 @@ class BatchedMixin:
             batches = {t: to_device(collate(b, groups[t], self._pad_token_id(groups[t])), self.device)
                        for t, b in inputs.items()}
             merged, ranges = _stack(batches, {t: self._pad_token_id(g) for t, g in groups.items()})
-            self._check_length(merged)
+            check_row_length(merged, self.max_length)
             routes = [Route(self.slots.specs[groups[t].name], start, stop) for t, (start, stop) in ranges.items()]
             if not self.model.training:
                 self.model.train(True)
@@ -57,8 +58,8 @@ class BatchedMixin:
                 for t, (start, stop) in ranges.items():  # compute everything before touching any group
                     sub_inputs = {k: v[start:stop] for k, v in merged.items()}
                     sub_outputs = CausalLMOutputWithPast(logits=outputs.logits[start:stop])
-                    loss, items = _loss(groups[t], sub_inputs, sub_outputs)
-                    value, count = self._global_items(loss, items)
+                    loss, items = compute_loss(groups[t], sub_inputs, sub_outputs, {}, True)
+                    value, count = self._global_loss_items(loss, items)
                     losses[t] = (sub_inputs, sub_outputs, loss, items, value, count)
                 total, kept = None, {}
                 for t, (sub_inputs, sub_outputs, loss, items, value, count) in losses.items():
@@ -78,7 +79,7 @@ class BatchedMixin:
             for t, (value, count) in kept.items():
                 groups[t].record_backward(count)
                 groups[t].last_loss = None
-                result[t] = float(value) / max(float(count), 1.0)
+                result[t] = LazyFloat(value, count)
             return result
 
     # ------------------------------------------- distributed hooks of TransformersModel (no-ops alone)
@@ -102,26 +103,8 @@ class BatchedMixin:
                 return run("causal_lm", merged, None)
             return run_task(self.model, self._hf_model(), "causal_lm", merged)
 
-    def _global_items(self, loss: torch.Tensor, items: Any) -> tuple[Any, Any]:
-        """(loss sum, items) over every data rank; this rank's own on one process."""
-        if self._distributed():
-            return self._global_loss_items(loss, items)
-        return loss.detach(), items
-
     def _average_factor(self) -> int:
         return self._grad_average_factor if self._distributed() else 1
-
-
-def _loss(group: Any, inputs: dict[str, Any], outputs: Any) -> tuple[torch.Tensor, Any]:
-    loss_fn = group.loss if group.loss is not None else CrossEntropyLoss()
-    if isinstance(loss_fn, Loss):
-        total, items = loss_fn.compute(inputs, outputs)
-    else:
-        total, items = loss_fn(inputs, outputs), 1
-    if not isinstance(total, torch.Tensor) or total.numel() != 1:
-        raise TypeError(f"The loss {type(loss_fn).__name__} of group {group.name!r} returned "
-                        f"{type(total).__name__}; a loss must return a scalar tensor.")
-    return total.reshape(()), items
 
 
 def _stack(batches: dict[str, dict[str, Any]], pad_ids: dict[str, int]) -> tuple[dict[str, Any], dict[str, tuple]]:
