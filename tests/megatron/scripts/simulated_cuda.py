@@ -62,8 +62,8 @@ def run(m, start: int, steps: int, micro: int = 2, adapter: str | None = None) -
 
     losses = []
     for step in range(start, start + steps):
-        losses.append(m.forward_backward(inputs=make_batch(seed=100 + step), num_microbatches=micro,
-                                         adapter_name=adapter))
+        losses.append(float(m.forward_backward(inputs=make_batch(seed=100 + step), num_microbatches=micro,
+                                               adapter_name=adapter)))
         m.clip_grad_and_step(1.0, adapter_name=adapter)
     return losses
 
@@ -89,7 +89,7 @@ def main() -> None:
     losses, norms = [], []
     for micro in (1, 2, 4):
         m = fresh(path)
-        losses.append(m.forward_backward(inputs=data, num_microbatches=micro))
+        losses.append(float(m.forward_backward(inputs=data, num_microbatches=micro)))
         norms.append(m.clip_grad_norm(1.0))
     report["losses_by_microbatches"], report["norms_by_microbatches"] = losses, norms
 
@@ -110,7 +110,7 @@ def main() -> None:
     fixed = make_batch(seed=3)
     report["lora_losses"] = []
     for _ in range(6):
-        report["lora_losses"].append(lora.forward_backward(inputs=fixed, num_microbatches=2))
+        report["lora_losses"].append(float(lora.forward_backward(inputs=fixed, num_microbatches=2)))
         lora.clip_grad_and_step(1.0)
     out.write_text(json.dumps(report))
 

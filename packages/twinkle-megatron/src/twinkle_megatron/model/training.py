@@ -13,10 +13,12 @@ from typing import Any
 
 import torch
 
-from twinkle.loss import CrossEntropyLoss, Loss
+from twinkle.model.inputs import count_tokens, to_device
+from twinkle.model.losses import compute_loss
 from twinkle.model.optimizer_group import OptimizerGroup
+from twinkle.utils.lazy_float import LazyFloat
 from twinkle_megatron.errors import MegatronConfigError
-from twinkle_megatron.model.inputs import attention_mask, check_plain_causal, collate, count_tokens, to_device
+from twinkle_megatron.model.inputs import attention_mask, check_plain_causal, collate
 
 
 class TrainingMixin:
@@ -35,12 +37,12 @@ class TrainingMixin:
         with torch.no_grad():
             return self._forward(group, inputs, task, False, kwargs)
 
-    def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
-        """The group's loss on the last forward (per-item mean, as a number); kwargs go to the loss."""
+    def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> LazyFloat:
+        """The group's loss on the last forward (per-item mean, read lazily); kwargs go to the loss."""
         group = self._group(adapter_name)
         total, items = self._compute_loss(group, group.last_inputs, group.last_outputs, kwargs)
-        group.record_loss(total.reshape(()), items, group.last_is_training)
-        return _mean(total, items)
+        group.record_loss(total, items, group.last_is_training)
+        return LazyFloat(total.detach(), items)
 
     def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Back-propagate the last loss sum into the group's accumulating gradients."""
@@ -59,8 +61,8 @@ class TrainingMixin:
         group.last_outputs = None
 
     def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, task: str = "causal_lm",
-                         **kwargs: Any) -> float:
-        """forward + loss + backward; returns the per-token mean loss of ``inputs``.
+                         **kwargs: Any) -> LazyFloat:
+        """forward + loss + backward; returns the per-token mean loss of ``inputs`` (read lazily).
 
         ``num_microbatches=`` splits ``inputs`` by rows (the gradient is the same: backward runs on
         loss sums). On CUDA this runs megatron-core's forward-backward schedule.
@@ -83,10 +85,10 @@ class TrainingMixin:
             total, items = self._compute_loss(group, batch, outputs, {})
             group.record_loss(total.detach(), items, True)
             total.backward()
-            loss_sum, items_sum = loss_sum + float(total.detach()), items_sum + items
+            loss_sum, items_sum = loss_sum + total.detach(), items_sum + items
         group.record_backward(items_sum)
         group.last_loss, group.last_outputs = None, None
-        return loss_sum / max(float(items_sum), 1.0)
+        return LazyFloat(loss_sum, items_sum)
 
     # -------------------------------------------------------------- internals
     def _prepare(self, group: OptimizerGroup, inputs: Any) -> dict[str, Any]:
@@ -122,18 +124,7 @@ class TrainingMixin:
 
     def _compute_loss(self, group: OptimizerGroup, inputs: Any, outputs: Any,
                       kwargs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
-        if outputs is None:
-            raise RuntimeError(f"calculate_loss(adapter_name={group.name!r}) needs a forward first "
-                               "(forward(inputs=...) or forward_only(inputs=...)).")
-        loss_fn = group.loss if group.loss is not None else CrossEntropyLoss()
-        if isinstance(loss_fn, Loss):
-            total, items = loss_fn.compute(inputs, outputs, **kwargs)
-        else:  # a plain callable returns a per-batch mean: every micro-batch weighs the same
-            total, items = loss_fn(inputs, outputs, **kwargs), 1
-        if not isinstance(total, torch.Tensor) or total.numel() != 1:
-            raise TypeError(f"The loss {type(loss_fn).__name__} returned {type(total).__name__}; "
-                            "a loss must return a scalar tensor.")
-        return total.reshape(()), items
+        return compute_loss(group, inputs, outputs, kwargs, group.last_is_training)
 
     def _pad_token_id(self, group: OptimizerGroup) -> int:
         if group.template is not None and isinstance(getattr(group.template, "pad_token_id", None), int):
@@ -150,6 +141,3 @@ def _check_task(task: str) -> None:
         raise MegatronConfigError(f"task={task!r}: MegatronModel runs 'causal_lm' only (GPTModel has no "
                                   "embedding-pooling head); use TransformersModel for task='embedding'.")
 
-
-def _mean(total: torch.Tensor, items: Any) -> float:
-    return float(total.detach()) / max(float(items), 1.0)
