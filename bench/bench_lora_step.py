@@ -80,7 +80,7 @@ def _run_twinkle(config, batch, steps: int, device: str, precision: str, losses:
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        losses.append(model.forward_backward(inputs=batch))
+        losses.append(float(model.forward_backward(inputs=batch)))  # one read per step, as loss.item() below
         model.clip_grad_and_step(max_grad_norm=1.0)
         _sync(device)
         times.append(time.perf_counter() - start)

@@ -63,7 +63,7 @@ def main() -> None:
     losses, step = [], 0
     for _ in range(args.epochs):
         for batch in loader:
-            losses.append(model.forward_backward(inputs=batch))
+            losses.append(float(model.forward_backward(inputs=batch)))  # a LazyFloat, read once per step (printed)
             model.clip_grad_and_step()
             step += 1
             print(json.dumps({"step": step, "loss": round(losses[-1], 4)}), flush=True)

@@ -160,3 +160,29 @@ def test_torchrun_two_ranks_split_the_seed_flow(tmp_path):
     for b, whole in enumerate(single):
         a, c = ranks[0]["batches"][b], ranks[1]["batches"][b]
         assert a == whole[0::2] and c == whole[1::2]
+
+
+def test_the_epoch_order_is_drawn_once_per_epoch_when_the_loader_is_reentered(dataset, monkeypatch):
+    """The Trainer takes one batch per ``for`` and re-enters the loader each step: that must not re-permute."""
+    import numpy as np
+
+    draws = []
+    real = np.random.default_rng
+
+    def counting(seed=None):
+        draws.append(seed)
+        return real(seed)
+
+    monkeypatch.setattr(np.random, "default_rng", counting)
+    steps = 2 * (N // 2) + 3  # two whole epochs of batch_size=2 and the start of a third
+    loader = DataLoader(dataset, batch_size=2, seed=4)
+    reentered = []
+    for _ in range(steps):
+        for batch in loader:  # one batch per entry, as the Trainer does
+            reentered.append(ids(batch))
+            break
+    assert draws == [[4, 0], [4, 1], [4, 2]]  # one permutation per epoch, not one per step
+    monkeypatch.setattr(np.random, "default_rng", real)
+    uninterrupted = DataLoader(dataset, batch_size=2, seed=4)
+    expected = run(uninterrupted) + run(uninterrupted) + run(uninterrupted)
+    assert reentered == expected[:steps] and len(reentered) == steps

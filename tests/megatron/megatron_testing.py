@@ -211,4 +211,4 @@ def loss_peak_bytes(model: Any, batch: dict[str, torch.Tensor]) -> tuple[float, 
             loss = model.forward_backward(inputs=batch)
     finally:
         handle.remove()
-    return loss, tracker.peak
+    return float(loss), tracker.peak

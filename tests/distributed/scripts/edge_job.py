@@ -45,7 +45,7 @@ def peak_rss_during(fn: Any) -> tuple[Any, float]:
 
 
 def full_state(model: Any) -> dict[str, torch.Tensor]:
-    from twinkle_hf.distributed.comm import full_tensor
+    from twinkle.collective import full_tensor
 
     return {n: full_tensor(p.detach()).clone() for n, p in model.model.named_parameters()}
 
@@ -56,7 +56,7 @@ def memory_efficient(out: Path, kind: str) -> dict[str, Any]:
 
     from transformers import AutoModelForCausalLM
 
-    from twinkle_hf.distributed.comm import barrier
+    from twinkle.collective import barrier
 
     rank, _ = rank_world()
     base = out / "big_model"

@@ -70,7 +70,7 @@ def build(strategy: str = "native_fsdp", fsdp: int = 1, dp: int | None = None, l
 
 def trainable_state(model: Any, adapter: str | None = None) -> dict[str, torch.Tensor]:
     """Full (gathered) trainable parameters by name; a collective under FSDP2."""
-    from twinkle_hf.distributed.comm import full_tensor
+    from twinkle.collective import full_tensor
 
     group = model._group(adapter)
     names = {id(p): n for n, p in model.model.named_parameters()}
@@ -215,7 +215,7 @@ SCENARIOS["resume_ddp_lora"] = lambda: sc_resume("accelerate", 1, lora=True)
 
 def sc_nosync_probe(fsdp: int) -> dict[str, Any]:
     """Gradients after the first of two micro-batches: local under DDP (rank-dependent), unreduced under FSDP2."""
-    from twinkle_hf.distributed.comm import full_tensor
+    from twinkle.collective import full_tensor
 
     rank, world = rank_world()
     model = build("native_fsdp", fsdp=fsdp)

@@ -67,7 +67,7 @@ def train(model, adapter, loader, stop_at: int, save: tuple[str, str] | None) ->
     losses = []
     while group.cur_step < stop_at:
         for batch in loader:
-            losses.append(float.hex(model.forward_backward(inputs=batch, adapter_name=adapter)))
+            losses.append(float(model.forward_backward(inputs=batch, adapter_name=adapter)).hex())
             model.clip_grad_and_step(adapter_name=adapter)
             if save is not None and group.cur_step == HALF and group.micro_step == 0:
                 model.save(save[1], output_dir=save[0], adapter_name=adapter, save_optimizer=True,

@@ -63,8 +63,8 @@ def run(m, start: int, steps: int, micro: int = 2, adapter: str | None = None) -
 
     losses = []
     for step in range(start, start + steps):
-        losses.append(m.forward_backward(inputs=make_batch(seed=100 + step), num_microbatches=micro,
-                                         adapter_name=adapter))
+        losses.append(float(m.forward_backward(inputs=make_batch(seed=100 + step), num_microbatches=micro,
+                                               adapter_name=adapter)))
         m.clip_grad_and_step(1.0, adapter_name=adapter)
     return losses
 
@@ -90,7 +90,7 @@ def main() -> None:
     losses, norms = [], []
     for micro in (1, 2, 4):
         m = fresh(path)
-        losses.append(m.forward_backward(inputs=data, num_microbatches=micro))
+        losses.append(float(m.forward_backward(inputs=data, num_microbatches=micro)))
         norms.append(m.clip_grad_norm(1.0))
     report["losses_by_microbatches"], report["norms_by_microbatches"] = losses, norms
 
@@ -111,7 +111,7 @@ def main() -> None:
     fixed = make_batch(seed=3)
     report["lora_losses"] = []
     for _ in range(6):
-        report["lora_losses"].append(lora.forward_backward(inputs=fixed, num_microbatches=2))
+        report["lora_losses"].append(float(lora.forward_backward(inputs=fixed, num_microbatches=2)))
         lora.clip_grad_and_step(1.0)
     report.update(several_tenants(path))
     report.update(bf16_lora(path))
@@ -142,7 +142,7 @@ def several_tenants(path: Path, mixed_precision: str = "no") -> dict:
         return m
 
     def step(m, tenant, seed):
-        loss = m.forward_backward(inputs=make_batch(seed=seed), adapter_name=tenant, num_microbatches=2)
+        loss = float(m.forward_backward(inputs=make_batch(seed=seed), adapter_name=tenant, num_microbatches=2))
         m.clip_grad_and_step(1.0, adapter_name=tenant)
         return loss
 
@@ -202,7 +202,7 @@ def bf16_lora(path: Path) -> dict:
     fixed = make_batch(seed=3)
     losses = []
     for _ in range(6):
-        losses.append(m.forward_backward(inputs=fixed, num_microbatches=2))
+        losses.append(float(m.forward_backward(inputs=fixed, num_microbatches=2)))
         m.clip_grad_and_step(1.0)
     return {"bf16": {
         "frozen_dtypes": sorted({str(p.dtype) for p in frozen}),

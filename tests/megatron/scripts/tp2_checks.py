@@ -155,7 +155,7 @@ def vocab_parallel_loss(large: Path, mesh: DeviceMesh, report: dict) -> None:
     report["large_logit_columns_on_this_rank"] = int(model.gpt.output_layer.weight.shape[0])
     model.zero_grad()
     model.set_loss(GatheredCrossEntropy())
-    report["large_custom_loss"] = model.forward_backward(inputs=data)
+    report["large_custom_loss"] = float(model.forward_backward(inputs=data))
 
 
 def context_parallel_token_counts(report: dict) -> None:

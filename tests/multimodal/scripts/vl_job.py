@@ -49,7 +49,7 @@ def resume_run(out: str, phase: str) -> None:
         loader.resume_from_checkpoint(result["progress"]["consumed_train_samples"])
     while group.cur_step < 2 * HALF:
         for batch in loader:
-            result["losses"].append(float.hex(vl.forward_backward(inputs=batch)))
+            result["losses"].append(float.hex(float(vl.forward_backward(inputs=batch))))
             vl.clip_grad_and_step()
             if phase == "uninterrupted" and group.cur_step == HALF:
                 vl.save("ckpt", output_dir=out, save_optimizer=True,
@@ -63,7 +63,7 @@ def resume_run(out: str, phase: str) -> None:
 def fsdp_run() -> dict:
     """LoRA on the language model plus the projector trained whole, FSDP2 when launched on 2 ranks."""
     from twinkle import DeviceMesh
-    from twinkle_hf.distributed.comm import full_tensor
+    from twinkle.collective import full_tensor
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     ds = dataset("qwen2_5_vl", n=16)
@@ -76,7 +76,7 @@ def fsdp_run() -> dict:
     loader = DataLoader(ds, batch_size=4, shuffle=True, seed=5)
     losses = []
     for batch in loader:
-        losses.append(vl.forward_backward(inputs=batch))
+        losses.append(float(vl.forward_backward(inputs=batch)))
         vl.clip_grad_and_step()
         if len(losses) == FSDP_STEPS:
             break

@@ -39,9 +39,9 @@ def mixed_rows() -> list[dict]:
 
 def mixed_run(strategy: str = "native_fsdp") -> dict:
     from twinkle import DeviceMesh
+    from twinkle.collective import full_tensor
     from twinkle.dataset import Dataset, DatasetMeta
     from twinkle.preprocessor import MessagesProcessor
-    from twinkle_hf.distributed.comm import full_tensor
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     ds = Dataset(DatasetMeta(data=mixed_rows()))
@@ -61,7 +61,7 @@ def mixed_run(strategy: str = "native_fsdp") -> dict:
     losses, grads, images = [], [], []
     for batch in DataLoader(ds, batch_size=4, shuffle=False):
         images.append(sum(len(row["images"]) for row in batch))
-        losses.append(vl.forward_backward(inputs=batch))
+        losses.append(float(vl.forward_backward(inputs=batch)))
         grads.append({names[id(p)]: None if p.grad is None else full_tensor(p.grad).clone()
                       for p in vl._group_parameters(group)})
         vl.clip_grad_and_step()

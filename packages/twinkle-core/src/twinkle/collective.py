@@ -4,12 +4,15 @@ Why one module: gloo (CPU) accepts tensors that NCCL (CUDA) and HCCL (Ascend) re
 collective written against the CPU test setup crashes on the first multi-GPU step. Here every
 tensor handed to ``torch.distributed`` lives on :func:`comm_device` (the platform's device:
 ``cuda:N`` under NCCL, ``npu:N`` under HCCL, ``cpu`` under gloo) and results come back on the
-caller's device. Process groups carry a CPU backend beside the accelerator one
+caller's device. A tensor collective does three things on the communication device -- move in,
+communicate, move out -- and nothing waits for the device: callers that want Python numbers
+convert once (:func:`sum_floats`). Process groups carry a CPU backend beside the accelerator one
 (``"cpu:gloo,cuda:nccl"``, see ``twinkle.platform``), so object collectives keep working.
 
 Every function is a no-op returning the local value when torch.distributed is not initialised or
 the group has a single rank, so callers never branch on "am I distributed". Package code outside
-this module never calls a ``torch.distributed`` collective itself (a test enforces it).
+this module never calls a ``torch.distributed`` collective itself (``tests/core/test_collective.py``
+enforces it). ``src``/``dst`` are global ranks, as in ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def rank(group: Any = None) -> int:
 
 
 def world_size(group: Any = None) -> int:
+    """Ranks in ``group`` (1 on a single process)."""
     dist = _dist()
     return dist.get_world_size(group) if dist is not None else 1
 
@@ -58,6 +62,7 @@ def set_data_group(group: Any) -> None:
 
 
 def data_group() -> Any:
+    """The registered data-parallel group (``None``: the world)."""
     return _DATA_GROUP
 
 
@@ -76,9 +81,15 @@ def comm_device() -> torch.device:
     return _platform(runtime.platform if runtime.initialized else None).comm_device()
 
 
-def _to_comm(tensor: torch.Tensor) -> torch.Tensor:
+def _move_in(tensor: torch.Tensor, owned: bool = False) -> torch.Tensor:
+    """A contiguous buffer on the communication device; a private copy unless ``owned`` already is one."""
     device = comm_device()
-    return tensor if tensor.device == device else tensor.to(device)
+    tensor = tensor.detach()
+    if tensor.device != device:
+        return tensor.to(device, memory_format=torch.contiguous_format)
+    if owned and tensor.is_contiguous():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def _reduce_op(op: str) -> Any:
@@ -92,50 +103,59 @@ def _reduce_op(op: str) -> Any:
 # -------------------------------------------------------------------- tensors
 def all_reduce(tensor: torch.Tensor, op: str = "sum", group: Any = None) -> torch.Tensor:
     """``tensor`` reduced over ``group``, as a new tensor on ``tensor``'s device (no host sync)."""
+    return _all_reduce(tensor, op, group, owned=False)
+
+
+def _all_reduce(tensor: torch.Tensor, op: str, group: Any, owned: bool) -> torch.Tensor:
+    reduce_op = _reduce_op(op)
     if not active(group):
         return tensor
     import torch.distributed as dist
 
-    buffer = _to_comm(tensor.detach()).clone()
-    dist.all_reduce(buffer, op=_reduce_op(op), group=group)
+    buffer = _move_in(tensor, owned)
+    dist.all_reduce(buffer, op=reduce_op, group=group)
     return buffer.to(tensor.device)
 
 
 def sum_values(values: Sequence[Any], group: Any = None) -> torch.Tensor:
-    """Numbers and 0-dim tensors summed over ``group`` in one all-reduce, as a float64 vector.
+    """Numbers and one-element tensors summed over ``group`` in one all-reduce, as a float64 vector.
 
-    The vector lives on the communication device and nothing waits for the device: callers that
-    need Python numbers call ``.tolist()`` once (see :func:`sum_floats`).
+    The vector is built on the device of the first tensor among ``values`` (the CPU when there is
+    none) and comes back there; nothing waits for the device. Callers that need Python numbers
+    call ``.tolist()`` once (see :func:`sum_floats`).
     """
-    device = comm_device()
-    packed = torch.stack([v.detach().reshape(()).to(device=device, dtype=torch.float64)
-                          if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64,
-                                                                           device=device)
-                          for v in values])
-    if not active(group):
-        return packed
-    import torch.distributed as dist
+    if not values:
+        raise ValueError("sum_values needs at least one value.")
+    device = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    packed = torch.stack([_as_float64(v, device) for v in values])
+    return _all_reduce(packed, "sum", group, owned=True)
 
-    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
-    return packed
+
+def _as_float64(value: Any, device: torch.device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"sum_values takes numbers and one-element tensors, got a tensor of shape "
+                             f"{tuple(value.shape)}.")
+        return value.detach().reshape(()).to(device=device, dtype=torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64, device=device)
 
 
 def sum_floats(values: Sequence[Any], group: Any = None) -> list[float]:
-    """:func:`sum_values` as Python floats (one host sync); plain floats on a single process."""
-    if not active(group):
-        return [float(v) for v in values]
+    """:func:`sum_values` as Python floats (one host sync)."""
     return sum_values(values, group).tolist()
 
 
 def broadcast_(tensor: torch.Tensor, src: int = 0, group: Any = None) -> torch.Tensor:
-    """Overwrite ``tensor`` with rank ``src``'s value (in place; returns it)."""
+    """Overwrite ``tensor`` with global rank ``src``'s value (in place; returns it)."""
     if not active(group):
         return tensor
     import torch.distributed as dist
 
-    buffer = _to_comm(tensor.detach())
+    device = comm_device()
+    in_place = tensor.device == device and tensor.is_contiguous()
+    buffer = tensor.detach() if in_place else _move_in(tensor)
     dist.broadcast(buffer, src=src, group=group)
-    if buffer is not tensor:
+    if not in_place:
         with torch.no_grad():
             tensor.copy_(buffer)
     return tensor
@@ -147,7 +167,7 @@ def all_gather(tensor: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
         return [tensor]
     import torch.distributed as dist
 
-    local = _to_comm(tensor.detach()).contiguous()
+    local = _move_in(tensor, owned=True)
     pieces = [torch.empty_like(local) for _ in range(world_size(group))]
     dist.all_gather(pieces, local, group=group)
     return [p.to(tensor.device) for p in pieces]
@@ -162,7 +182,7 @@ def full_tensor(value: torch.Tensor) -> torch.Tensor:
 
 # -------------------------------------------------------------------- objects
 def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
-    """Rank ``src``'s ``obj`` on every rank (pickled over the group's CPU backend: trusted peers only)."""
+    """Global rank ``src``'s ``obj`` on every rank (pickled over the group's CPU backend: trusted peers only)."""
     if not active(group):
         return obj
     import torch.distributed as dist
@@ -184,17 +204,18 @@ def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
 
 
 def gather_object(obj: Any, dst: int = 0, group: Any = None) -> list[Any] | None:
-    """Every rank's ``obj`` on rank ``dst`` (``None`` on the others); ``[obj]`` on a single process."""
+    """Every rank's ``obj`` on global rank ``dst`` (``None`` on the others); ``[obj]`` on a single process."""
     if not active(group):
         return [obj]
     import torch.distributed as dist
 
-    out = [None] * world_size(group) if rank(group) == dst else None
+    out = [None] * world_size(group) if dist.get_rank() == dst else None
     dist.gather_object(obj, out, dst=dst, group=group)
     return out
 
 
 def barrier(group: Any = None) -> None:
+    """Wait until every rank of ``group`` arrives."""
     if active(group):
         import torch.distributed as dist
 

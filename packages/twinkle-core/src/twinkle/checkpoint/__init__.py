@@ -1,6 +1,7 @@
 """Checkpoint helpers every backend reuses.
 
-- :func:`atomic_directory`: write a checkpoint under a temporary name, rename it into place.
+- :func:`atomic_directory`: write a checkpoint under a temporary name, rename it into place;
+  :func:`shared_atomic_directory`: the same for every rank of a torchrun job.
 - :func:`checkpoint_path`: join ``output_dir`` and a save name, rejecting names that escape it.
 - :func:`save_target`: that path, refusing to replace a directory that is not a twinkle checkpoint.
 - :func:`check_finite`: refuse to save NaN/inf trainable weights (all ranks agree).
@@ -15,7 +16,7 @@
 
 from __future__ import annotations
 
-from twinkle.checkpoint.atomic import atomic_directory
+from twinkle.checkpoint.atomic import atomic_directory, shared_atomic_directory
 from twinkle.checkpoint.errors import CheckpointError
 from twinkle.checkpoint.finite import check_finite
 from twinkle.checkpoint.io import safe_torch_load, torch_save
@@ -56,6 +57,7 @@ __all__ = [
     "restore_rng_state",
     "safe_torch_load",
     "save_target",
+    "shared_atomic_directory",
     "torch_save",
     "validate_save_name",
     "write_trainer_state",

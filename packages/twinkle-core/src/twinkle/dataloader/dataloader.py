@@ -8,7 +8,7 @@ one epoch; the next loop continues with the next epoch. Progress is counted in g
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from twinkle.dataloader.sampler import BatchPlan
@@ -67,6 +67,7 @@ class DataLoader:
         if processor is not None:
             self.set_processor(processor)
         self._consumed = 0
+        self._order: tuple[int, Sequence[int]] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -93,12 +94,18 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         epoch, first = self.plan.position(self._consumed)
-        order = self.plan.order(epoch)
+        order = self._epoch_order(epoch)
         for batch in range(first, self.plan.batches_per_epoch):
             rows = self.plan.global_batch(order, batch)
             mine = self._fetch(self.plan.rank_slice(rows, self.data_rank))
             self._consumed += len(rows)
             yield self.processor(mine) if self.processor is not None else mine
+
+    def _epoch_order(self, epoch: int) -> Sequence[int]:
+        """The epoch's row order, computed once per epoch: the Trainer re-enters the loader every step."""
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, self.plan.order(epoch))
+        return self._order[1]
 
     def _fetch(self, indices: list[int]) -> list[dict[str, Any]]:
         if hasattr(self.dataset, "get_rows"):

@@ -7,7 +7,9 @@ from ``consumed_train_samples`` sees exactly the batches an uninterrupted run wo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from twinkle.dataset.errors import DataError
 
@@ -63,18 +65,24 @@ class BatchPlan:
     def samples_per_epoch(self) -> int:
         return self.num_rows // self.batch_size * self.batch_size + self.last_batch_size
 
-    def order(self, epoch: int) -> list[int]:
-        """Row order of an epoch: a permutation seeded by (seed, epoch), or 0..n-1 without shuffle."""
+    def order(self, epoch: int) -> Sequence[int]:
+        """Row order of an epoch: a permutation seeded by (seed, epoch), or 0..n-1 without shuffle.
+
+        The permutation is a NumPy array (8 bytes a row, no Python ints); without shuffle it is a
+        ``range`` and nothing is materialised. Callers compute it once per epoch.
+        """
         if not self.shuffle:
-            return list(range(self.num_rows))
+            return range(self.num_rows)
         import numpy as np
 
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_rows).tolist()
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
 
-    def global_batch(self, order: list[int], batch: int) -> list[int]:
+    def global_batch(self, order: Sequence[int], batch: int) -> list[int]:
+        """The row indices of global batch ``batch`` of an epoch whose order is ``order``."""
         start = batch * self.batch_size
         size = self.batch_size if batch < self.num_rows // self.batch_size else self.last_batch_size
-        return order[start:start + size]
+        piece: Any = order[start:start + size]
+        return piece.tolist() if hasattr(piece, "tolist") else list(piece)
 
     def rank_slice(self, global_batch: list[int], data_rank: int) -> list[int]:
         """Rank r of R takes rows r, r+R, r+2R, ... of the global batch: disjoint, equal sizes."""

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinkle.metric.base import Metric
-from twinkle.metric.reduce import sum_across_ranks
 
 IGNORE_INDEX = -100
 
@@ -44,7 +43,9 @@ class TokenAccuracy(Metric):
         self._total = total if self._total is None else self._total + total
 
     def compute(self) -> dict[str, float]:
-        correct, total = sum_across_ranks([self._correct or 0, self._total or 0])
+        from twinkle import collective  # imports torch: not at module load (the CLI runs without it)
+
+        correct, total = collective.sum_floats([self._correct or 0, self._total or 0], collective.data_group())
         if total == 0:
             return {}
         return {self.name: correct / total}

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle.metric.base import Metric
-from twinkle.metric.reduce import sum_across_ranks
 
 
 class LossMetric(Metric):
@@ -21,8 +20,10 @@ class LossMetric(Metric):
         self._items = self._items + num_items
 
     def compute(self) -> dict[str, float]:
-        total, items, seen = sum_across_ranks([0.0 if self._sum is None else self._sum, self._items,
-                                               0.0 if self._sum is None else 1.0])
+        from twinkle import collective  # imports torch: not at module load (the CLI runs without it)
+
+        total, items, seen = collective.sum_floats([0.0 if self._sum is None else self._sum, self._items,
+                                                    0.0 if self._sum is None else 1.0], collective.data_group())
         if not seen:
             return {}
         return {self.name: total / max(items, 1.0)}

@@ -2,7 +2,8 @@
 
 A mask or labels of another shape than ``input_ids`` trains silently on misaligned tokens, and an id
 outside the vocabulary raises ``IndexError`` deep inside an embedding (or a device-side assert on
-GPU). Every backend calls :func:`check_batch` where collation ends, so the error names the field,
+GPU). Core's collation (``twinkle.model.inputs.collate``, used by every backend) ends with
+:func:`check_batch`, so the error names the field,
 the shapes or the offending id, and nothing has run yet.
 """
 

@@ -8,7 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from twinkle.checkpoint import atomic_directory
+from twinkle import collective
+from twinkle.checkpoint import shared_atomic_directory
 from twinkle.trainer._validate import ConfigError
 from twinkle.trainer.store import checkpoint_name, list_checkpoints
 
@@ -18,19 +19,16 @@ def export_hf(trainer: Any, step: int) -> str:
 
     Every rank calls this (a sharded model's save needs them all); a merged export is rank 0's.
     """
-    from twinkle.trainer import _dist
-
     cfg, root = trainer.config, trainer.work_dir / "hf"
     name = checkpoint_name(step)
     if cfg.lora.enabled and cfg.lora.merge_on_export:
-        if _dist.rank() == 0:
-            with atomic_directory(root / name) as tmp:
+        with shared_atomic_directory(root / name) as tmp:
+            if collective.rank() == 0:
                 save_merged(trainer.model, trainer.adapter, tmp)
-        _dist.barrier()
     else:
         trainer.model.save(name, output_dir=str(root), adapter_name=trainer.adapter)
     keep = cfg.hf_max_keep
-    if keep is not None and keep > 0 and _dist.rank() == 0:
+    if keep is not None and keep > 0 and collective.rank() == 0:
         for _, path in list_checkpoints(root)[:-keep]:
             trash = path.parent / f".{path.name}.trash"
             os.replace(path, trash)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from twinkle.checkpoint import CheckpointError, atomic_directory
+from twinkle.checkpoint import CheckpointError, shared_atomic_directory
 from twinkle.checkpoint.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from twinkle.log import get_logger
 
@@ -38,28 +38,13 @@ def checkpoint_name(step: int) -> str:
 def write_checkpoint(root: Path, step: int, save_model: Any, trainer_state: dict[str, Any]) -> Path:
     """Build ``root/step-N`` atomically: ``save_model(tmp)`` writes ``tmp/model``, then trainer.json, manifest.
 
-    Under torchrun every rank calls this: rank 0 owns the temporary directory and the rename, every
-    rank runs ``save_model`` into the same temporary directory (sharded saves need them all).
+    Under torchrun every rank calls this: every rank runs ``save_model`` into the same temporary
+    directory (sharded saves need them all); once all succeeded rank 0 writes trainer.json and the
+    manifest and renames the directory (``shared_atomic_directory``).
     """
-    from twinkle.trainer import _dist
-
     final = root / checkpoint_name(step)
-    if not _dist.active():
-        with atomic_directory(final) as tmp:
-            save_model(tmp)
-            _finish(tmp, step, trainer_state)
-        return final
-    if _dist.rank() == 0:
-        with atomic_directory(final) as tmp:
-            _dist.broadcast_object(str(tmp))
-            save_model(tmp)
-            _dist.barrier()  # every rank's part is on disk
-            _finish(tmp, step, trainer_state)
-    else:
-        tmp = Path(_dist.broadcast_object(None))
+    with shared_atomic_directory(final, finish=lambda tmp: _finish(tmp, step, trainer_state)) as tmp:
         save_model(tmp)
-        _dist.barrier()
-    _dist.barrier()  # renamed: every rank may read it now
     return final
 
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from twinkle import collective
 from twinkle.log import get_logger
-from twinkle.trainer import _dist, _infra, setup, store
+from twinkle.trainer import _infra, setup, store
 from twinkle.trainer._validate import ConfigError
 from twinkle.trainer.config import TrainerConfig
 from twinkle.trainer.export import export_hf
@@ -151,8 +152,8 @@ class Trainer:
                     self._evaluate(eval_set, step, tracker)
                 if _due(cfg.hf_interval, step):
                     exports.append(export_hf(self, step))
-                if _dist.active():  # every rank stops at the same step (rank 0 decides)
-                    self._stop_requested = bool(_dist.broadcast_object(self._stop_requested))
+                if collective.active():  # every rank stops at the same step (rank 0 decides)
+                    self._stop_requested = bool(collective.broadcast_object(self._stop_requested))
                 final = step >= total or self._stop_requested
                 if _due(cfg.checkpoint_interval, step) or final:
                     last_ckpt = str(self._save(step, loader, last_loss))
@@ -237,7 +238,7 @@ class Trainer:
             self.model.forward_only(inputs=batch, adapter_name=self.adapter, task=cfg.loss.task)
             self.model.calculate_loss(adapter_name=self.adapter)
         metrics = self.model.calculate_metric(is_training=False, adapter_name=self.adapter)
-        loss = float(_dist.broadcast_object(float(metrics["loss"])))  # one decision for every rank
+        loss = float(collective.broadcast_object(float(metrics["loss"])))  # one decision for every rank
         logger.info("eval at step %d: %s", step, {k: round(float(v), 4) for k, v in metrics.items()})
         if tracker is not None:
             tracker.log(step, {f"eval_{k}": float(v) for k, v in metrics.items() if k != "step" and _is_number(v)})

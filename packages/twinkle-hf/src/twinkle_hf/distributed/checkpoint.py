@@ -3,26 +3,24 @@
 The directory keeps the single-process layout (HF-loadable weights or PEFT adapter, scheduler,
 scaler, RNG, ``trainer_state.json``) and adds torch.distributed.checkpoint folders every rank
 writes its shards into: ``dcp_model`` (the group's trainable parameters) and ``dcp_optimizer``.
-The HF export is gathered (a collective) and written by rank 0. The temporary directory is named
-by rank 0 and renamed by it only after every rank finished, so the atomic-rename contract holds.
+The HF export is gathered (a collective) and written by rank 0. The directory is written through
+core's ``shared_atomic_directory``: one temporary name, renamed by rank 0 once every rank succeeded.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from twinkle import collective
 from twinkle.checkpoint import (
     RNG_FILE,
     SCALER_FILE,
     SCHEDULER_FILE,
     CheckpointError,
-    atomic_directory,
     capture_rng_state,
     check_rng_state,
     check_state_like,
@@ -30,36 +28,9 @@ from twinkle.checkpoint import (
     safe_torch_load,
     torch_save,
 )
-from twinkle_hf.distributed import comm
 
 DCP_MODEL = "dcp_model"
 DCP_OPTIMIZER = "dcp_optimizer"
-
-
-@contextmanager
-def shared_atomic_directory(final: Path) -> Iterator[Path]:
-    """:func:`atomic_directory` for every rank: rank 0 owns the temporary name and the rename."""
-    if comm.rank() == 0:
-        with atomic_directory(final) as tmp:
-            comm.broadcast_object(str(tmp))
-            ok = False
-            try:
-                yield tmp
-                ok = True
-            finally:
-                comm.agree(ok, f"saving {final}")
-            if not ok:
-                return
-        comm.barrier()  # the rename is done: everyone may read the final directory
-        return
-    tmp = Path(comm.broadcast_object(None))
-    ok = False
-    try:
-        yield tmp
-        ok = True
-    finally:
-        comm.agree(ok, f"saving {final}")
-    comm.barrier()
 
 
 def optimizers_of(optimizer: Any) -> list[Any]:
@@ -85,7 +56,7 @@ def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool) 
     if group.optimizer is not None:
         state = get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))
         dcp.save(state, checkpoint_id=str(directory / DCP_OPTIMIZER))
-    rank = comm.rank()
+    rank = collective.rank()
     torch_save(capture_rng_state(), directory / rng_file(rank))
     if rank == 0:
         if group.lr_scheduler is not None:
@@ -107,7 +78,6 @@ def load_sharded(owner: Any, group: Any, directory: Path, with_training_state: b
     """
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    from twinkle import collective
     from twinkle.checkpoint.dcp_safe import dcp_load
 
     params = trainable_params(owner, group)
@@ -163,7 +133,7 @@ def _read_side_files(owner: Any, group: Any, directory: Path) -> dict[str, Any]:
             side[key] = safe_torch_load(directory / name)
             check_state_like(side[key], live.state_dict(), f"{str(directory / name)!r}",
                              f"group {group.name!r}'s {key}")
-    rng = directory / rng_file(comm.rank())
+    rng = directory / rng_file(collective.rank())
     rng = rng if rng.is_file() else directory / RNG_FILE
     side["rng"] = safe_torch_load(rng)
     check_rng_state(side["rng"], f"{str(rng)!r}")
@@ -172,13 +142,13 @@ def _read_side_files(owner: Any, group: Any, directory: Path) -> dict[str, Any]:
 
 def gathered_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Full CPU tensors of a (possibly sharded) state dict; every rank must call it."""
-    return {k: comm.full_tensor(v.detach()).contiguous().cpu() for k, v in state.items()}
+    return {k: collective.full_tensor(v.detach()).contiguous().cpu() for k, v in state.items()}
 
 
 def save_full_export(hf_model: torch.nn.Module, directory: Path) -> None:
     """``save_pretrained`` of the gathered full weights, written by rank 0 (architecture name unwrapped)."""
     state = gathered_state(hf_model.state_dict())
-    if comm.rank() != 0:
+    if collective.rank() != 0:
         return
     hf_model.save_pretrained(str(directory), state_dict=state)
     config_path = directory / "config.json"

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from twinkle_hf.distributed import comm
+from twinkle import collective
 
 
 def load_rank0_only(model_cls: Any, model_id: str | None, config: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -22,7 +22,7 @@ def load_rank0_only(model_cls: Any, model_id: str | None, config: Any, kwargs: d
 
     from twinkle_hf.model import loading
 
-    if comm.rank() == 0:
+    if collective.rank() == 0:
         return loading.load_hf_model(model_cls, model_id, config, kwargs)
     cls = loading.choose_model_cls(model_cls, model_id, config)
     kwargs = dict(kwargs)
@@ -56,14 +56,13 @@ def before_wrap(owner: Any) -> dict[str, torch.Tensor] | None:
         if on_meta(model):
             model.to_empty(device=owner.device)
         return None
-    return dict(model.state_dict()) if comm.rank() == 0 else None
+    return dict(model.state_dict()) if collective.rank() == 0 else None
 
 
 def after_wrap(owner: Any, full_state: dict[str, torch.Tensor] | None) -> None:
     """FSDP2: fill every rank's shards (and the non-state buffers) from rank 0's full weights."""
     if owner.dist_plan.kind == "ddp":
         return  # DDP's constructor already broadcast rank 0's parameters and buffers
-    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     model = owner.model
@@ -74,4 +73,4 @@ def after_wrap(owner: Any, full_state: dict[str, torch.Tensor] | None) -> None:
     persistent = set(model.state_dict())
     for name, buffer in model.named_buffers():
         if name not in persistent:
-            dist.broadcast(buffer, src=0)
+            collective.broadcast_(buffer, src=0)

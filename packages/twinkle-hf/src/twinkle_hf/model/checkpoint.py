@@ -1,4 +1,4 @@
-"""save / load / resume_from_checkpoint / get_state_dict of TransformersModel.
+"""How TransformersModel writes and reads checkpoints (the public save/load/resume are core's).
 
 A checkpoint directory holds HF-loadable weights (a ``save_pretrained`` directory for the full
 model, a flat PEFT adapter directory for LoRA), the tokenizer when a template has one (a VL
@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from twinkle import collective
 from twinkle.checkpoint import (
     OPTIMIZER_FILE,
     RNG_FILE,
@@ -20,19 +21,16 @@ from twinkle.checkpoint import (
     CheckpointError,
     atomic_directory,
     capture_rng_state,
-    check_finite,
     check_rng_state,
     check_state_like,
-    checkpoint_path,
-    read_trainer_state,
     require_files,
     restore_rng_state,
     safe_torch_load,
-    save_target,
+    shared_atomic_directory,
     torch_save,
     write_trainer_state,
 )
-from twinkle.log import get_logger
+from twinkle.model.checkpointing import CheckpointMixin as CoreCheckpointMixin
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multimodal.processor import copy_missing_files
 from twinkle_hf.model.optim import check_optimizer_state
@@ -47,49 +45,23 @@ from twinkle_hf.model.weights import (
     write_adapter,
 )
 
-logger = get_logger("twinkle_hf")
 
+class CheckpointMixin(CoreCheckpointMixin):
+    """How TransformersModel writes and reads its checkpoint files; the public methods are core's."""
 
-class CheckpointMixin:
-    """Checkpoint half of the TwinkleModel API."""
-
-    def save(self, name: str, output_dir: str | None = None, *, adapter_name: str | None = None,
-             save_optimizer: bool = False, consumed_train_samples: int = 0, overwrite: bool = False,
-             allow_non_finite: bool = False, **kwargs: Any) -> str:
-        """Write ``output_dir/name`` (``output_dir`` defaults to ``./output``) and return its path.
-
-        An existing directory of that name is replaced only if it is a twinkle checkpoint (or
-        ``overwrite=True``); NaN/inf trainable weights are refused unless ``allow_non_finite=True``.
-        """
-        if kwargs:
-            raise TypeError(f"save() got unexpected arguments {sorted(kwargs)}.")
-        group = self._group(adapter_name)
-        final = save_target(name, output_dir, overwrite)
-        if not allow_non_finite:
-            from twinkle_hf.distributed.checkpoint import trainable_params
-
-            check_finite(trainable_params(self, group).items(), f"group {group.name!r}")
-        if save_optimizer and group.micro_step:
-            logger.warning("Saving group %r in the middle of gradient accumulation (%d of %d micro-batches): the "
-                           "pending gradients are not saved.", group.name, group.micro_step,
-                           group.gradient_accumulation_steps)
+    def _write_checkpoint(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
+                          consumed_train_samples: int) -> None:
         if self.dist_plan.distributed:
-            return self._save_distributed(group, final, save_optimizer, consumed_train_samples)
+            self._save_distributed(group, final, save_optimizer, consumed_train_samples)
+            return
         with atomic_directory(final) as tmp:
             self._save_weights(group, tmp)
             if save_optimizer:
                 self._save_training_state(group, tmp)
             write_trainer_state(tmp, group.trainer_state(consumed_train_samples, mixed_precision=self.mixed_precision,
                                                          has_optimizer_state=bool(save_optimizer)))
-        return str(final)
 
-    def load(self, name: str, output_dir: str | None = None, *, adapter_name: str | None = None,
-             **kwargs: Any) -> None:
-        """Load weights saved by :meth:`save` into the group (``name`` is a path when output_dir is None)."""
-        if kwargs:
-            raise TypeError(f"load() got unexpected arguments {sorted(kwargs)}.")
-        group = self._group(adapter_name)
-        directory = checkpoint_path(name, output_dir) if output_dir is not None else Path(name).expanduser()
+    def _load_checkpoint(self, group: OptimizerGroup, directory: Path) -> None:
         if self.dist_plan.distributed and self._wrapped:
             from twinkle_hf.distributed.checkpoint import load_export
 
@@ -97,35 +69,24 @@ class CheckpointMixin:
             return
         self._load_weights(group, directory)
 
-    def resume_from_checkpoint(self, checkpoint_dir: str, resume_only_model: bool = False, *,
-                               adapter_name: str | None = None, **kwargs: Any) -> dict[str, int]:
-        """Restore weights (+ optimizer, scheduler, scaler, RNG unless ``resume_only_model``) and progress.
-
-        Every file is read and checked before anything is changed.
-        """
-        if kwargs:
-            raise TypeError(f"resume_from_checkpoint() got unexpected arguments {sorted(kwargs)}.")
-        group = self._group(adapter_name)
-        directory = Path(checkpoint_dir).expanduser()
-        require_files(directory, [], "checkpoint")
-        state = read_trainer_state(directory)
+    def _resume_weights(self, group: OptimizerGroup, directory: Path, resume_only_model: bool) -> None:
         if self.dist_plan.distributed:
             self._ensure_wrapped()
             from twinkle_hf.distributed.checkpoint import load_sharded
 
             load_sharded(self, group, directory, with_training_state=not resume_only_model)
-            return group.restore_progress(state)
+            return
         restore = None if resume_only_model else self._read_training_state(group, directory)
         self._load_weights(group, directory)
         if restore is not None:
             self._apply_training_state(group, restore)
-        return group.restore_progress(state)
 
-    def get_state_dict(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
-        """The group's weights: the adapter's (PEFT file keys) or the full model's ``state_dict``."""
-        if kwargs:
-            raise TypeError(f"get_state_dict() got unexpected arguments {sorted(kwargs)}.")
-        group = self._group(adapter_name)
+    def _trainable_tensors(self, group: OptimizerGroup) -> Any:
+        from twinkle_hf.distributed.checkpoint import trainable_params
+
+        return trainable_params(self, group).items()
+
+    def _state_dict(self, group: OptimizerGroup) -> dict[str, Any]:
         state = adapter_state_dict(self.model, group.name) if group.is_adapter else self._hf_model().state_dict()
         if self.dist_plan.sharded:  # full tensors, gathered from the shards (every rank takes part)
             from twinkle_hf.distributed.checkpoint import gathered_state
@@ -135,27 +96,25 @@ class CheckpointMixin:
 
     # -------------------------------------------------------------- internals
     def _save_distributed(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
-                          consumed_train_samples: int) -> str:
+                          consumed_train_samples: int) -> None:
         """Every rank takes part: DCP shards from all, the HF export and small files from rank 0."""
         from twinkle_hf.distributed import checkpoint as dist_ckpt
-        from twinkle_hf.distributed.comm import rank
 
         self._ensure_wrapped()
-        with dist_ckpt.shared_atomic_directory(final) as tmp:
+        with shared_atomic_directory(final) as tmp:
             if group.is_adapter:
                 state = dist_ckpt.gathered_state(adapter_state_dict(self.model, group.name))
-                if rank() == 0:
+                if collective.rank() == 0:
                     write_adapter(self.model, group.name, state, tmp)
             else:
                 dist_ckpt.save_full_export(self._hf_model(), tmp)
             dist_ckpt.save_sharded(self, group, tmp, save_optimizer)
-            if rank() == 0:
+            if collective.rank() == 0:
                 self._save_preprocessing(group, tmp)
                 write_trainer_state(tmp, group.trainer_state(
                     consumed_train_samples, mixed_precision=self.mixed_precision,
                     has_optimizer_state=bool(save_optimizer), world_size=self.dist_plan.world_size,
                     strategy=self.dist_plan.kind))
-        return str(final)
 
     def _save_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:
@@ -164,16 +123,15 @@ class CheckpointMixin:
             save_full(self._hf_model(), directory)
         self._save_preprocessing(group, directory)
 
-    def _save_preprocessing(self, group: OptimizerGroup, directory: Path) -> None:
-        """The template's tokenizer (a VL template: its processor); for a VL model without a template, the
-        processor files of the directory it was loaded from, so the checkpoint loads with AutoProcessor."""
-        template = group.template
-        if template is not None and hasattr(template, "save_pretrained"):
-            template.save_pretrained(directory)
-        elif getattr(template, "tokenizer", None) is not None:
-            template.tokenizer.save_pretrained(str(directory))
-        elif self.model_path is not None and is_multimodal(self._hf_model().config):
+    def _save_preprocessing(self, group: OptimizerGroup, directory: Path) -> bool:
+        """Core's (the template's tokenizer or processor); for a VL model without a template, the processor
+        files of the directory it was loaded from, so the checkpoint loads with AutoProcessor."""
+        if super()._save_preprocessing(group, directory):
+            return True
+        if self.model_path is not None and is_multimodal(self._hf_model().config):
             copy_missing_files(self.model_path, directory)
+            return True
+        return False
 
     def _load_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:

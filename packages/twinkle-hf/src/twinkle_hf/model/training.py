@@ -9,10 +9,11 @@ import torch
 
 from twinkle.loss import CrossEntropyLoss, InfoNCELoss, Loss, TokenOutputs
 from twinkle.loss.token_inputs import needs_reference, reference_logprobs
-from twinkle.model.batch_check import check_batch
+from twinkle.model.inputs import collate, count_tokens, to_device
+from twinkle.model.losses import compute_loss
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.remote import remote_function
-from twinkle_hf.model.inputs import collate, count_tokens, to_device
+from twinkle.utils.lazy_float import LazyFloat
 from twinkle_hf.model.tasks import check_task
 
 
@@ -46,11 +47,11 @@ class TrainingMixin:
             return self._forward(group, inputs, task, False, kwargs)
 
     @remote_function(collect="mean")
-    def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
+    def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> LazyFloat:
         """The group's loss on the last forward (per-item mean over every data rank); kwargs go to the loss."""
         group = self._group(adapter_name)
         total, items = self._compute_loss(group, kwargs)
-        return _mean(*self._global_loss_items(total, items))
+        return LazyFloat(*self._global_loss_items(total, items))
 
     def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Back-propagate the last loss into the group's accumulating gradients (token-weighted)."""
@@ -59,7 +60,7 @@ class TrainingMixin:
         _no_kwargs("backward", kwargs)
         self._backward(group, None)
 
-    def _backward(self, group: OptimizerGroup, global_items: float | None) -> None:
+    def _backward(self, group: OptimizerGroup, global_items: Any) -> None:
         """Token-weighted backward; under DDP/FSDP2 the divisor counts the tokens of every data rank."""
         loss = group.last_loss
         if loss is None or not isinstance(loss, torch.Tensor) or not loss.requires_grad:
@@ -81,10 +82,12 @@ class TrainingMixin:
 
     @remote_function(dispatch="slice_dp", collect="mean")
     def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, task: str | None = None,
-                         **kwargs: Any) -> float:
+                         **kwargs: Any) -> LazyFloat:
         """forward + calculate_loss + backward; returns the micro-batch's per-item (token) mean loss.
 
         Under DDP/FSDP2 the mean is over every data rank's tokens, so all ranks return the same number.
+        The number is a :class:`~twinkle.utils.lazy_float.LazyFloat`: nothing waits for the device
+        until it is read.
         """
         group = self._group(adapter_name)
         group.take_accumulation_steps(kwargs)
@@ -93,7 +96,7 @@ class TrainingMixin:
         value, count = self._global_loss_items(total, items)
         group.last_outputs = None  # metrics have seen the logits: free them before backward's peak
         self._backward(group, count if self.dist_plan.distributed else None)
-        return _mean(value, count)
+        return LazyFloat(value, count)
 
     # -------------------------------------------------------------- internals
     def _forward(self, group: OptimizerGroup, inputs: Any, task: str | None, training: bool,
@@ -104,8 +107,7 @@ class TrainingMixin:
         if unknown:
             raise TypeError(f"Unknown forward options {unknown}; forward takes inputs=, adapter_name=, task= and "
                             f"{', '.join(_FORWARD_OPTIONS)}.")
-        batch = check_batch(collate(inputs, group, self._pad_token_id(group)), self._vocab_size(), group.loss)
-        batch = to_device(batch, self.device)
+        batch = to_device(collate(inputs, group, self._pad_token_id(group), self._vocab_size()), self.device)
         group.last_outputs = group.last_loss = None  # release the previous logits before allocating new ones
         self._ensure_wrapped()
         if self.model.training != training:
@@ -122,25 +124,10 @@ class TrainingMixin:
         return outputs
 
     def _compute_loss(self, group: OptimizerGroup, kwargs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
-        if group.last_outputs is None:
-            raise RuntimeError(f"calculate_loss(adapter_name={group.name!r}) needs a forward first "
-                               "(forward(inputs=...) or forward_only(inputs=...)).")
-        loss_fn = group.loss if group.loss is not None else _DEFAULT_LOSS[group.last_task]()
-        if isinstance(loss_fn, Loss):
-            total, items = loss_fn.compute(group.last_inputs, group.last_outputs, **kwargs)
-        else:  # a plain callable returns a per-batch mean: every micro-batch weighs the same
-            total, items = loss_fn(group.last_inputs, group.last_outputs, **kwargs), 1
-        if not isinstance(total, torch.Tensor) or total.numel() != 1:
-            raise TypeError(f"The loss {type(loss_fn).__name__} returned {type(total).__name__}; "
-                            "a loss must return a scalar tensor.")
-        group.record_loss(total.reshape(()), items, group.last_is_training)
-        outputs = getattr(loss_fn, "last_outputs", None)
-        self._loss_outputs()[group.name] = outputs if isinstance(outputs, TokenOutputs) else None
-        counts = getattr(loss_fn, "last_token_counts", None)  # a fused CE loss counts correct tokens itself
-        if counts is not None:
-            for metric in group.train_metrics if group.last_is_training else group.eval_metrics:
-                if hasattr(metric, "update_counts"):
-                    metric.update_counts(*counts)
+        total, items = compute_loss(group, group.last_inputs, group.last_outputs, kwargs, group.last_is_training,
+                                    _DEFAULT_LOSS[group.last_task])
+        group.record_loss(total, items, group.last_is_training)
+        self._keep_loss_outputs(group)
         if not group.last_is_training:
             group.last_outputs = None  # an evaluation loss has no backward: free the logits now
         return group.last_loss, items
@@ -163,6 +150,11 @@ class TrainingMixin:
         if "_last_loss_outputs" not in self.__dict__:
             self._last_loss_outputs: dict[str, TokenOutputs | None] = {}
         return self._last_loss_outputs
+
+    def _keep_loss_outputs(self, group: OptimizerGroup) -> None:
+        """What the group's loss just computed per token (RL/preference losses), for :meth:`get_loss_outputs`."""
+        outputs = getattr(group.loss, "last_outputs", None)  # the default losses keep none
+        self._loss_outputs()[group.name] = outputs if isinstance(outputs, TokenOutputs) else None
 
     def _reference_logprobs(self, group: OptimizerGroup, batch: dict[str, Any]) -> torch.Tensor:
         """``ref_logprobs`` from a no-grad, eval-mode forward of the reference policy (adapters disabled)."""
@@ -206,11 +198,6 @@ class TrainingMixin:
                 return value
         eos = getattr(self._hf_model().config, "eos_token_id", None)
         return eos if isinstance(eos, int) else 0
-
-
-def _mean(total: Any, items: Any) -> float:
-    value = total.detach() if isinstance(total, torch.Tensor) else total
-    return float(value) / max(float(items), 1.0)
 
 
 def _no_kwargs(method: str, kwargs: dict[str, Any]) -> None:

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from twinkle.loss import CrossEntropyLoss, Loss, TokenOutputs
 from twinkle.loss.token_inputs import needs_reference
-from twinkle.model.batch_check import check_batch
+from twinkle.model.inputs import check_row_length, collate, count_tokens, to_device
+from twinkle.model.losses import compute_loss
 from twinkle.processor.input_processor import TOKEN_FIELDS
-from twinkle_hf.model.inputs import collate, count_tokens, to_device
+from twinkle.utils.lazy_float import LazyFloat
 from twinkle_hf.model.tasks import run_task
 from twinkle_hf.multi_lora.slots import Route
 
@@ -32,7 +32,7 @@ _PAD = {"input_ids": None, "attention_mask": 0, "labels": -100, "position_ids": 
 class BatchedMixin:
     """The fused multi-tenant training step of MultiLoraTransformersModel."""
 
-    def forward_backward_multi(self, inputs: Mapping[str, Any], *, task: str = "causal_lm") -> dict[str, float]:
+    def forward_backward_multi(self, inputs: Mapping[str, Any], *, task: str = "causal_lm") -> dict[str, LazyFloat]:
         """One forward + backward for ``{tenant: batch}``; returns each tenant's per-token mean loss.
 
         Equivalent to ``forward_backward(inputs=batch, adapter_name=tenant)`` for every tenant (each
@@ -49,10 +49,10 @@ class BatchedMixin:
                 raise ValueError(f"{list(inputs)} name the same tenant twice (tenant and slot names); give each "
                                  "tenant once.")
             vocab = self._vocab_size()
-            batches = {t: to_device(check_batch(collate(b, groups[t], self._pad_token_id(groups[t])), vocab,
-                                                groups[t].loss), self.device) for t, b in inputs.items()}
+            batches = {t: to_device(collate(b, groups[t], self._pad_token_id(groups[t]), vocab), self.device)
+                       for t, b in inputs.items()}
             merged, ranges = _stack(batches, {t: self._pad_token_id(g) for t, g in groups.items()})
-            self._check_length(merged)
+            check_row_length(merged, self.max_length)
             if any(needs_reference(groups[t].loss, batches[t]) for t in inputs):  # one base forward serves all
                 merged["ref_logprobs"] = self._reference_logprobs(next(iter(groups.values())), merged)
             routes = [Route(self.slots.specs[groups[t].name], start, stop) for t, (start, stop) in ranges.items()]
@@ -64,11 +64,9 @@ class BatchedMixin:
                 for t, (start, stop) in ranges.items():  # compute everything before touching any group
                     sub_inputs = {k: v[start:stop] for k, v in merged.items()}
                     sub_outputs = CausalLMOutputWithPast(logits=outputs.logits[start:stop])
-                    loss, items = _loss(groups[t], sub_inputs, sub_outputs)
-                    kept_outputs = getattr(groups[t].loss, "last_outputs", None)
-                    self._loss_outputs()[groups[t].name] = kept_outputs if isinstance(kept_outputs, TokenOutputs) \
-                        else None
-                    value, count = self._global_items(loss, items)
+                    loss, items = compute_loss(groups[t], sub_inputs, sub_outputs, {}, True)
+                    self._keep_loss_outputs(groups[t])
+                    value, count = self._global_loss_items(loss, items)
                     losses[t] = (sub_inputs, sub_outputs, loss, items, value, count)
                 total, kept = None, {}
                 for t, (sub_inputs, sub_outputs, loss, items, value, count) in losses.items():
@@ -88,7 +86,7 @@ class BatchedMixin:
             for t, (value, count) in kept.items():
                 groups[t].record_backward(count)
                 groups[t].last_loss = None
-                result[t] = float(value) / max(float(count), 1.0)
+                result[t] = LazyFloat(value, count)
             return result
 
     # ------------------------------------------- distributed hooks of TransformersModel (no-ops alone)
@@ -112,26 +110,8 @@ class BatchedMixin:
                 return run("causal_lm", merged, None)
             return run_task(self.model, self._hf_model(), "causal_lm", merged)
 
-    def _global_items(self, loss: torch.Tensor, items: Any) -> tuple[Any, Any]:
-        """(loss sum, items) over every data rank; this rank's own on one process."""
-        if self._distributed():
-            return self._global_loss_items(loss, items)
-        return loss.detach(), items
-
     def _average_factor(self) -> int:
         return self._grad_average_factor if self._distributed() else 1
-
-
-def _loss(group: Any, inputs: dict[str, Any], outputs: Any) -> tuple[torch.Tensor, Any]:
-    loss_fn = group.loss if group.loss is not None else CrossEntropyLoss()
-    if isinstance(loss_fn, Loss):
-        total, items = loss_fn.compute(inputs, outputs)
-    else:
-        total, items = loss_fn(inputs, outputs), 1
-    if not isinstance(total, torch.Tensor) or total.numel() != 1:
-        raise TypeError(f"The loss {type(loss_fn).__name__} of group {group.name!r} returned "
-                        f"{type(total).__name__}; a loss must return a scalar tensor.")
-    return total.reshape(()), items
 
 
 def _stack(batches: dict[str, dict[str, Any]], pad_ids: dict[str, int]) -> tuple[dict[str, Any], dict[str, tuple]]:

@@ -11,7 +11,6 @@ accumulation). Every public method runs under the manager's lock, so threads tak
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,20 +21,14 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from twinkle.mesh import DeviceMesh
+from twinkle.model.inputs import check_row_length, collate
 from twinkle.model.optimizer_group import OptimizerGroup
-from twinkle.multi_lora import LoraTenant, MultiLora
+from twinkle.multi_lora import LoraTenant, MultiLora, serialize_calls
 from twinkle.remote import remote_class
-from twinkle_hf.model.inputs import collate
 from twinkle_hf.model.transformers_model import TransformersModel
 from twinkle_hf.multi_lora.batched import BatchedMixin
 from twinkle_hf.multi_lora.slots import LoraSlots, Route, matches
 from twinkle_hf.multi_lora.tenant_io import config_fits, load_tenant, read_tenant_config, save_tenant, tenant_state_dict
-
-#: Public methods serialized by the manager's lock (one tenant's call at a time).
-_LOCKED = ("forward", "forward_only", "calculate_loss", "backward", "forward_backward", "clip_grad_norm", "step",
-           "zero_grad", "lr_step", "clip_grad_and_step", "set_loss", "set_optimizer", "set_lr_scheduler",
-           "add_metric", "calculate_metric", "set_template", "set_processor", "save", "load",
-           "resume_from_checkpoint", "get_state_dict")
 
 
 class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
@@ -143,7 +136,7 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
 
     def _forward(self, group: OptimizerGroup, inputs: Any, task: str, training: bool, kwargs: dict[str, Any]) -> Any:
         batch = collate(inputs, group, self._pad_token_id(group))
-        self._check_length(batch)
+        check_row_length(batch, self.max_length)
         with self.slots.route([Route(self.slots.specs[group.name])]):
             return super()._forward(group, batch, task, training, kwargs)
 
@@ -167,12 +160,6 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
         super().step(adapter_name=group.name, **kwargs)
         self.slots.zero_unused_ranks(self.slots.specs[group.name], after_step=True)  # whatever the optimizer does
 
-    def _check_length(self, batch: dict[str, Any]) -> None:
-        ids = batch.get("input_ids")
-        if isinstance(ids, torch.Tensor) and ids.shape[-1] > self.max_length:
-            raise ValueError(f"The batch has {ids.shape[-1]} tokens per row but this model was built with "
-                             f"max_length={self.max_length}; truncate the rows or build it with a larger max_length.")
-
     def _outside_slots(self, config: LoraConfig) -> list[str]:
         """Modules ``config`` targets that are not slot layers."""
         if config.target_modules == "all-linear":
@@ -184,9 +171,7 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
     def _save_weights(self, group: OptimizerGroup, directory: Path) -> None:
         tenant = self.multi_lora.resolve(group.name)
         save_tenant(self.slots, self.slots.specs[group.name], tenant.tenant_config, directory, self.model_path)
-        tokenizer = getattr(group.template, "tokenizer", None)
-        if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(str(directory))
+        self._save_preprocessing(group, directory)
 
     def _load_weights(self, group: OptimizerGroup, directory: Path) -> None:
         tenant = self.multi_lora.resolve(group.name)
@@ -194,11 +179,8 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
         config_fits(saved, tenant.tenant_config, self.slots.targets_of(saved), self.slots.specs[group.name].targets)
         load_tenant(self.slots, self.slots.specs[group.name], directory)
 
-    def get_state_dict(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    def _state_dict(self, group: OptimizerGroup) -> dict[str, Any]:
         """The tenant's r-rank weights under PEFT file keys."""
-        if kwargs:
-            raise TypeError(f"get_state_dict() got unexpected arguments {sorted(kwargs)}.")
-        group = self._group(adapter_name)
         return tenant_state_dict(self.slots, self.slots.specs[group.name])
 
     def __repr__(self) -> str:
@@ -206,17 +188,4 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
                 f"max_r={self.multi_lora.max_r}, tenants={self.multi_lora.names()}, device={self.device})")
 
 
-def _locked(name: str) -> Any:
-    method = getattr(MultiLoraTransformersModel, name)
-
-    @functools.wraps(method)
-    def call(self: MultiLoraTransformersModel, *args: Any, **kwargs: Any) -> Any:
-        with self.multi_lora.lock:
-            return method(self, *args, **kwargs)
-
-    return call
-
-
-for _name in _LOCKED:
-    setattr(MultiLoraTransformersModel, _name, _locked(_name))
-MultiLoraTransformersModel = remote_class()(MultiLoraTransformersModel)
+MultiLoraTransformersModel = remote_class()(serialize_calls(MultiLoraTransformersModel))

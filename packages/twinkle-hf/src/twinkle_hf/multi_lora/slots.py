@@ -15,7 +15,6 @@ The hook raises when called outside a route, so nothing ever falls back to some 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import check_target_module_exists
 
+from twinkle.multi_lora import TenantSpec
 from twinkle_hf.multi_lora.sharded import assign, full, is_sharded
 
 #: LoraConfig fields a slot cannot honour, with the value it must keep.
@@ -38,17 +38,6 @@ def matches(config: LoraConfig, name: str) -> bool:
     """Whether ``config`` targets module ``name`` (peft returns a truthy marker for excluded modules)."""
     hit = check_target_module_exists(config, name)
     return bool(hit) and type(hit).__name__ != "_ExcludedModule"
-
-
-@dataclass
-class TenantSpec:
-    """How one tenant uses its slot: rank, scaling, dropout and the layers it targets."""
-
-    slot: str
-    r: int
-    scaling: float
-    dropout: float
-    targets: frozenset[str]
 
 
 @dataclass
@@ -112,25 +101,13 @@ class LoraSlots:
         """
         for name in self.layers:
             a, b = self.pair(name, spec.slot)
-            if after_step and is_sharded(a):
-                continue
             if not is_sharded(a):
-                if name in spec.targets:
-                    a[spec.r:].zero_()
-                    b[:, spec.r:].zero_()
-                else:
-                    a.zero_()
-                    b.zero_()
-                continue
-            new_a, new_b = full(a).clone(), full(b).clone()
-            if name in spec.targets:
-                new_a[spec.r:] = 0
-                new_b[:, spec.r:] = 0
-            else:
-                new_a.zero_()
-                new_b.zero_()
-            assign(a, new_a)
-            assign(b, new_b)
+                spec.zero_unused(name, a, b)
+            elif not after_step:
+                new_a, new_b = full(a).clone(), full(b).clone()
+                spec.zero_unused(name, new_a, new_b)
+                assign(a, new_a)
+                assign(b, new_b)
 
     def parameters(self, spec: TenantSpec) -> list[torch.nn.Parameter]:
         """What the tenant trains: lora_A/lora_B of its slot on the layers it targets."""
@@ -145,9 +122,7 @@ class LoraSlots:
         return frozenset(name for name in self.layers if matches(config, name))
 
     def spec_for(self, slot: str, config: LoraConfig) -> TenantSpec:
-        r = int(config.r)
-        scaling = config.lora_alpha / (math.sqrt(r) if config.use_rslora else r)
-        return TenantSpec(slot, r, float(scaling), float(config.lora_dropout or 0.0), self.targets_of(config))
+        return TenantSpec.from_config(slot, config, self.targets_of(config))
 
     @staticmethod
     def check_config(config: Any, all_modules: Sequence[str]) -> None:

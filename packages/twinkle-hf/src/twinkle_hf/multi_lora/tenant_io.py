@@ -17,9 +17,10 @@ from peft import LoraConfig, PeftConfig
 from safetensors.torch import load_file, save_file
 
 from twinkle.checkpoint import CheckpointError
+from twinkle.multi_lora import TenantSpec
 from twinkle_hf.model.weights import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from twinkle_hf.multi_lora.sharded import assign, full
-from twinkle_hf.multi_lora.slots import LoraSlots, TenantSpec
+from twinkle_hf.multi_lora.slots import LoraSlots
 
 _PREFIX = "base_model.model."
 
@@ -68,14 +69,7 @@ def load_tenant(slots: LoraSlots, spec: TenantSpec, directory: Path) -> None:
         state = load_file(str(path))
     except Exception as exc:  # safetensors raises its own error types for corrupt files
         raise CheckpointError(f"{str(path)!r} is not a readable safetensors file ({exc}).") from exc
-    expected = {k: tuple(v.shape) for k, v in tenant_state_dict(slots, spec).items()}
-    problems = sorted(set(state) ^ set(expected))[:3]
-    shapes = [f"{k}: file {tuple(v.shape)} vs tenant {expected[k]}" for k, v in state.items()
-              if k in expected and tuple(v.shape) != expected[k]][:2]
-    if problems or shapes:
-        raise CheckpointError(f"The adapter in {str(directory)!r} does not fit tenant slot {spec.slot!r} (r={spec.r}, "
-                              f"{len(spec.targets)} layers): key differences {problems}, shape mismatches {shapes}. "
-                              "Load it into a tenant acquired with the adapter's own LoraConfig.")
+    spec.check_fits(state, {k: tuple(v.shape) for k, v in tenant_state_dict(slots, spec).items()}, str(directory))
     with torch.no_grad():
         for name in slots.layers:
             if name in spec.targets:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from twinkle import collective
 from twinkle.checkpoint import CheckpointError
 from twinkle_megatron.bridge.config import ModelArgs
 from twinkle_megatron.bridge.layout import hf_names, model_names, to_hf, to_mcore
@@ -87,11 +88,7 @@ def gather_tp(name: str, local: torch.Tensor, layout: RankLayout) -> torch.Tenso
     """The full tensor from every TP rank's piece (a no-op at TP=1 or for replicated tensors)."""
     if layout.tp_size == 1 or split_kind(name) == "replicated":
         return local
-    import torch.distributed as dist
-
-    pieces = [torch.empty_like(local) for _ in range(layout.tp_size)]
-    dist.all_gather(pieces, local.contiguous(), group=layout.tp_group)
-    return unshard(name, pieces)
+    return unshard(name, collective.all_gather(local, group=layout.tp_group))
 
 
 def export_from(module: torch.nn.Module, args: ModelArgs, layout: RankLayout) -> dict[str, torch.Tensor]:

@@ -9,14 +9,12 @@ tensors of rank r; imported ones are padded back to ``max_r`` with zeros.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from twinkle.checkpoint import CheckpointError
+from twinkle.multi_lora import TenantSpec
 from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.lora.inject import (
     _targets,
@@ -31,18 +29,6 @@ from twinkle_megatron.lora.peft_io import export_adapter, import_adapter
 
 #: LoraConfig fields the megatron LoRA layer cannot honour beyond ``check_lora_config``'s, with the allowed value.
 _EXTRA_UNSUPPORTED = {"lora_bias": False, "fan_in_fan_out": False}
-
-
-@dataclass
-class TenantSpec:
-    """How one tenant uses its slot: rank, scaling, dropout and the layers it targets."""
-
-    slot: str
-    r: int
-    scaling: float
-    dropout: float
-    suffixes: list[str]
-    targets: frozenset[str]
 
 
 def _hf_module(key: str) -> str:
@@ -97,12 +83,10 @@ class MegatronSlots:
     def activate(self, slot: str, config: Any) -> TenantSpec:
         """Configure ``slot`` for the tenant's config; unused ranks and untargeted layers set to zero."""
         suffixes, targets = self.targets_of(config)
-        r = int(config.r)
-        scaling = float(config.lora_alpha) / (math.sqrt(r) if config.use_rslora else r)
-        spec = TenantSpec(slot, r, scaling, float(config.lora_dropout or 0.0), suffixes, targets)
+        spec = TenantSpec.from_config(slot, config, targets, suffixes)
         for name, layer in self.layers().items():
             if name in targets:
-                layer.configure(slot, r, scaling, spec.dropout)
+                layer.configure(slot, spec.r, spec.scaling, spec.dropout)
         self.specs[slot] = spec
         self.zero_unused(spec)
         return spec
@@ -110,13 +94,7 @@ class MegatronSlots:
     @torch.no_grad()
     def zero_unused(self, spec: TenantSpec) -> None:
         for name, layer in self.layers().items():
-            a, b = layer.lora_A[spec.slot], layer.lora_B[spec.slot]
-            if name in spec.targets:
-                a[spec.r:].zero_()
-                b[:, spec.r:].zero_()
-            else:
-                a.zero_()
-                b.zero_()
+            spec.zero_unused(name, layer.lora_A[spec.slot], layer.lora_B[spec.slot])
 
     def route(self, spec: TenantSpec | None) -> None:
         """Run ``spec``'s slot on the layers it targets and nothing elsewhere (None: the base model)."""
@@ -148,13 +126,7 @@ class MegatronSlots:
         wanted = set(hf_target_modules(spec.suffixes))
         expected = {k: tuple((v[:spec.r] if ".lora_A." in k else v[:, :spec.r]).shape)
                     for k, v in current.items() if _hf_module(k) in wanted}
-        differ = sorted(set(tensors) ^ set(expected))[:3]
-        shapes = [f"{k}: file {tuple(v.shape)} vs tenant {expected[k]}" for k, v in tensors.items()
-                  if k in expected and tuple(v.shape) != expected[k]][:2]
-        if differ or shapes:
-            raise CheckpointError(f"The adapter in {where!r} does not fit tenant slot {spec.slot!r} (r={spec.r}, "
-                                  f"targets {hf_target_modules(spec.suffixes)}): key differences {differ}, shape "
-                                  f"mismatches {shapes}. Load it into a tenant acquired with the adapter's config.")
+        spec.check_fits(tensors, expected, where)
         padded = {}
         for key, tensor in current.items():
             full = torch.zeros_like(tensor)

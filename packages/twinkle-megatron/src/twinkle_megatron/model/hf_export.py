@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
+from twinkle import collective
 from twinkle_megatron.bridge.hf_io import tensor_bytes, write_index, write_part
 from twinkle_megatron.bridge.transfer import export_from
 from twinkle_megatron.lora.peft_io import adapter_config, write_adapter
-from twinkle_megatron.model.shared_save import gather_to_rank0, rank
 
 
 def _is_expert(name: str) -> bool:
@@ -50,8 +50,8 @@ def write_full(model: Any, directory: Path) -> None:
     if mine:
         file = write_part(directory, mine, part)
         record = (file, sorted(mine), tensor_bytes(mine))
-    records = gather_to_rank0(record)
-    if rank() != 0:
+    records = collective.gather_object(record)
+    if collective.rank() != 0:
         return
     dtype = next(iter(tensors.values())).dtype if tensors else torch.float32
     hf_config_for_save(model, dtype).save_pretrained(str(directory))
@@ -65,8 +65,8 @@ def write_adapter_dir(model: Any, adapter: str, directory: Path) -> None:
     """PEFT ``adapter_model.safetensors`` + ``adapter_config.json`` (rank 0 writes)."""
     tensors = model._adapter_tensors(adapter)
     _, dense = _writer(model)
-    pieces = gather_to_rank0({k: v.cpu() for k, v in tensors.items()} if dense else {})
-    if rank() != 0:
+    pieces = collective.gather_object({k: v.cpu() for k, v in tensors.items()} if dense else {})
+    if collective.rank() != 0:
         return
     merged: dict[str, torch.Tensor] = {}
     for piece in pieces:

@@ -1,7 +1,7 @@
 """From what the DataLoader yields to the tensors GPTModel.forward takes.
 
-A batch is a dict of tensors or a list of encoded rows (collated by the group's processor,
-default ``twinkle.processor.InputProcessor``). megatron-core applies rotary embeddings by position
+A batch is a dict of tensors or a list of encoded rows, collated by core
+(``twinkle.model.inputs``). megatron-core applies rotary embeddings by position
 in the row, so padding and packing are expressed in the attention mask instead: a ``[b, 1, s, s]``
 boolean mask (True = masked) combining causality, the padding of ``attention_mask``, packed
 sequence boundaries (``position_ids`` restarting at 0) and a sliding window. Rotary embeddings only
@@ -11,74 +11,23 @@ explicit masks (it is causal by construction): there, batches must be right-padd
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from twinkle.model import inputs as core_inputs
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_megatron.errors import MegatronConfigError
 
 
-def default_processor(pad_token_id: int) -> Any:
-    from twinkle.processor import InputProcessor
-
-    return InputProcessor(pad_token_id=pad_token_id)
-
-
-def _as_tensor(value: Any) -> Any:
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
-        return torch.tensor([value])
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
-        return torch.tensor(value)
-    return value
-
-
-def _encode_raw(rows: list[Mapping[str, Any]], group: OptimizerGroup) -> list[Mapping[str, Any]]:
-    raw = [i for i, row in enumerate(rows) if "input_ids" not in row]
-    if not raw:
-        return rows
-    if group.template is None:
-        raise ValueError(f"Rows {raw[:5]} have no 'input_ids' and group {group.name!r} has no template: encode the "
-                         "dataset first (dataset.set_template(...); dataset.encode()) or call model.set_template(...).")
-    out = list(rows)
-    for i, (encoded, why) in zip(raw, group.template.batch_encode([rows[i] for i in raw])):
-        if encoded is None:
-            raise ValueError(f"Row {i} of the batch could not be encoded: {why}.")
-        out[i] = encoded
-    return out
-
-
-def collate(inputs: Any, group: OptimizerGroup, pad_token_id: int) -> dict[str, Any]:
-    """A dict of tensors from a dict batch or from a list of encoded (or raw, with a template) rows."""
-    if isinstance(inputs, Mapping):
-        batch = {k: _as_tensor(v) for k, v in inputs.items()}
-    elif isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)) and inputs \
-            and all(isinstance(row, Mapping) for row in inputs):
-        processor = group.processor if group.processor is not None else default_processor(pad_token_id)
-        batch = processor(_encode_raw(list(inputs), group))
-        if not isinstance(batch, Mapping):
-            raise TypeError(f"The processor {type(processor).__name__} returned {type(batch).__name__}, "
-                            "expected a dict of tensors.")
-        batch = {k: _as_tensor(v) for k, v in batch.items()}
-    else:
-        raise TypeError(f"inputs must be a dict of tensors or a non-empty list of encoded rows (dicts), got "
-                        f"{type(inputs).__name__}.")
+def collate(inputs: Any, group: OptimizerGroup, pad_token_id: int, vocab_size: int | None = None) -> dict[str, Any]:
+    """Core's checked collation (dict batch, encoded or raw rows), then GPTModel's need: a 2-D ``input_ids``."""
+    batch = core_inputs.collate(inputs, group, pad_token_id, vocab_size)
     ids = batch.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise ValueError("MegatronModel needs 'input_ids' as a (batch, sequence) tensor.")
     return batch
-
-
-def to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def count_tokens(batch: Mapping[str, Any]) -> Any:
-    mask = batch.get("attention_mask")
-    if isinstance(mask, torch.Tensor):
-        return mask.sum()
-    return batch["input_ids"].numel()
 
 
 def _segments(position_ids: torch.Tensor) -> torch.Tensor:

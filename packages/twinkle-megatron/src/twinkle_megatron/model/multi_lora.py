@@ -11,27 +11,21 @@ is an error. Each tenant has its own optimizer group. Public methods run under t
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from twinkle.mesh import DeviceMesh
+from twinkle.model.inputs import check_row_length
 from twinkle.model.optimizer_group import OptimizerGroup
-from twinkle.multi_lora import LoraTenant, MultiLora
+from twinkle.multi_lora import LoraTenant, MultiLora, serialize_calls
 from twinkle.remote import remote_class
 from twinkle_megatron.lora.inject import adapter_parameters, check_lora_config, target_suffixes
 from twinkle_megatron.lora.peft_io import read_adapter
 from twinkle_megatron.lora.slots import MegatronSlots
 from twinkle_megatron.model.groups import _adapter_source
 from twinkle_megatron.model.megatron_model import MegatronModel
-
-#: Public methods serialized by the manager's lock (one tenant's call at a time).
-_LOCKED = ("forward", "forward_only", "calculate_loss", "backward", "forward_backward", "clip_grad_norm", "step",
-           "zero_grad", "lr_step", "clip_grad_and_step", "set_loss", "set_optimizer", "set_lr_scheduler",
-           "add_metric", "calculate_metric", "set_template", "set_processor", "save", "load",
-           "resume_from_checkpoint", "get_state_dict", "get_train_configs", "load_lora")
 
 
 def _positive_int(option: str, value: Any) -> None:
@@ -125,10 +119,7 @@ class MultiLoraMegatronModel(MegatronModel):
 
     def _prepare(self, group: OptimizerGroup, inputs: Any) -> dict[str, Any]:
         batch = super()._prepare(group, inputs)
-        ids = batch.get("input_ids")
-        if isinstance(ids, torch.Tensor) and ids.shape[-1] > self.max_length:
-            raise ValueError(f"The batch has {ids.shape[-1]} tokens per row but this model was built with "
-                             f"max_length={self.max_length}; truncate the rows or build it with a larger max_length.")
+        check_row_length(batch, self.max_length)
         return batch
 
     def step(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:
@@ -151,17 +142,5 @@ class MultiLoraMegatronModel(MegatronModel):
                 f"max_r={self.multi_lora.max_r}, tenants={self.multi_lora.names()}, device={self.device})")
 
 
-def _locked(name: str) -> Any:
-    method = getattr(MultiLoraMegatronModel, name)
-
-    @functools.wraps(method)
-    def call(self: MultiLoraMegatronModel, *args: Any, **kwargs: Any) -> Any:
-        with self.multi_lora.lock:
-            return method(self, *args, **kwargs)
-
-    return call
-
-
-for _name in _LOCKED:
-    setattr(MultiLoraMegatronModel, _name, _locked(_name))
-MultiLoraMegatronModel = remote_class()(MultiLoraMegatronModel)
+MultiLoraMegatronModel = remote_class()(
+    serialize_calls(MultiLoraMegatronModel, extra=("get_train_configs", "load_lora")))

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from twinkle import collective
+from twinkle.model.inputs import to_device
 from twinkle.model.optimizer_group import OptimizerGroup
+from twinkle.utils.lazy_float import LazyFloat
 from twinkle_megatron.errors import MegatronConfigError
-from twinkle_megatron.model.inputs import to_device
 
 
 def split_rows(batch: Mapping[str, Any], parts: int) -> list[dict[str, Any]]:
@@ -55,14 +56,14 @@ def _pipeline_sum(values: torch.Tensor) -> torch.Tensor:
     from megatron.core import parallel_state as ps
 
     if ps.get_pipeline_model_parallel_world_size() > 1:
-        torch.distributed.broadcast(values, src=ps.get_pipeline_model_parallel_last_rank(),
-                                    group=ps.get_pipeline_model_parallel_group())
+        collective.broadcast_(values, src=ps.get_pipeline_model_parallel_last_rank(),
+                              group=ps.get_pipeline_model_parallel_group())
     return values
 
 
 def schedule_forward_backward(model: Any, group: OptimizerGroup, inputs: Any, num_microbatches: int,
-                              kwargs: dict[str, Any]) -> float:
-    """Run the schedule over ``inputs``; returns the per-token mean loss (the same on every rank)."""
+                              kwargs: dict[str, Any]) -> LazyFloat:
+    """Run the schedule over ``inputs``; returns the per-token mean loss (the same on every rank, read lazily)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     if kwargs:
@@ -87,9 +88,8 @@ def schedule_forward_backward(model: Any, group: OptimizerGroup, inputs: Any, nu
         from megatron.core import parallel_state as ps
 
         sums = collective.all_reduce(sums, group=ps.get_context_parallel_group())
-    items = int(sums[1].item())
     group.last_task = "causal_lm"
-    group.record_backward(items)
+    group.record_backward(sums[1].to(torch.int64))
     group.last_outputs = None
     group.last_loss = None
-    return float(sums[0]) / max(items, 1)
+    return LazyFloat(sums[0], sums[1])

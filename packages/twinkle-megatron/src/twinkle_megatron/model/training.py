@@ -19,12 +19,13 @@ from typing import Any
 import torch
 
 from twinkle import collective
-from twinkle.loss import CrossEntropyLoss, Loss
-from twinkle.model.batch_check import check_batch
+from twinkle.model.inputs import count_tokens, to_device
+from twinkle.model.losses import compute_loss, require_forward
 from twinkle.model.optimizer_group import OptimizerGroup
+from twinkle.utils.lazy_float import LazyFloat
 from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.model import vocab_parallel as vp
-from twinkle_megatron.model.inputs import attention_mask, check_plain_causal, collate, count_tokens, to_device
+from twinkle_megatron.model.inputs import attention_mask, check_plain_causal, collate
 from twinkle_megatron.parallel import context
 
 
@@ -44,11 +45,11 @@ class TrainingMixin:
         with torch.no_grad():
             return self._forward(group, inputs, task, False, kwargs)
 
-    def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
-        """The group's loss on the last forward (per-item mean, as a number); kwargs go to the loss."""
+    def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> LazyFloat:
+        """The group's loss on the last forward (per-item mean, read lazily); kwargs go to the loss."""
         group = self._group(adapter_name)
         total, items = self._compute_loss(group, group.last_inputs, group.last_outputs, kwargs, consume=False)
-        group.record_loss(total.reshape(()), items, group.last_is_training)
+        group.record_loss(total, items, group.last_is_training)
         return self._sequence_mean(total, items)
 
     def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:
@@ -68,8 +69,8 @@ class TrainingMixin:
         group.last_outputs = None
 
     def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, task: str = "causal_lm",
-                         **kwargs: Any) -> float:
-        """forward + loss + backward; returns the per-token mean loss of ``inputs``.
+                         **kwargs: Any) -> LazyFloat:
+        """forward + loss + backward; returns the per-token mean loss of ``inputs`` (read lazily).
 
         ``num_microbatches=`` splits ``inputs`` by rows (the gradient is the same: backward runs on
         loss sums). On CUDA this runs megatron-core's forward-backward schedule.
@@ -92,15 +93,14 @@ class TrainingMixin:
             total, items = self._compute_loss(group, batch, outputs, {}, consume=True)
             group.record_loss(total.detach(), items, True)
             total.backward()
-            loss_sum, items_sum = loss_sum + float(total.detach()), items_sum + items
+            loss_sum, items_sum = loss_sum + total.detach(), items_sum + items
         group.record_backward(items_sum)
         group.last_loss, group.last_outputs = None, None
         return self._sequence_mean(loss_sum, items_sum)
 
     # -------------------------------------------------------------- internals
     def _prepare(self, group: OptimizerGroup, inputs: Any) -> dict[str, Any]:
-        return to_device(check_batch(collate(inputs, group, self._pad_token_id(group)), self.vocab_size, group.loss),
-                         self.device)
+        return to_device(collate(inputs, group, self._pad_token_id(group), self.vocab_size), self.device)
 
     def _model_batch(self, group: OptimizerGroup, batch: dict[str, Any]) -> dict[str, Any]:
         """Next-token labels on the whole rows, then (cp > 1) this rank's share of every sequence."""
@@ -114,13 +114,14 @@ class TrainingMixin:
             batch = context.pad_sequence(batch, multiple, self._pad_token_id(group))
         return context.split_for_rank(batch, sizes.cp, self.ranks.cp)
 
-    def _sequence_mean(self, total: Any, items: Any) -> float:
-        """Per-token mean of a loss sum; under context parallelism summed over the CP ranks first."""
+    def _sequence_mean(self, total: Any, items: Any) -> LazyFloat:
+        """Per-token mean of a loss sum, read lazily; under context parallelism summed over the CP ranks first."""
+        total = total.detach() if isinstance(total, torch.Tensor) else total
         if self.sizes.cp > 1:
             from megatron.core import parallel_state as ps
 
-            total, items = collective.sum_floats([total, items], group=ps.get_context_parallel_group())
-        return float(total.detach() if isinstance(total, torch.Tensor) else total) / max(float(items), 1.0)
+            total, items = collective.sum_values([total, items], group=ps.get_context_parallel_group()).unbind()
+        return LazyFloat(total, items)
 
     def _mask(self, batch: dict[str, Any]) -> torch.Tensor | None:
         if self.use_te:  # causal by construction; _model_batch checked the rows
@@ -167,9 +168,7 @@ class TrainingMixin:
     def _compute_loss(self, group: OptimizerGroup, inputs: Any, outputs: Any, kwargs: dict[str, Any],
                       consume: bool) -> tuple[torch.Tensor, Any]:
         """(loss sum, items) of this rank's tokens; ``consume`` lets the vocab-parallel kernel reuse the logits."""
-        if outputs is None:
-            raise RuntimeError(f"calculate_loss(adapter_name={group.name!r}) needs a forward first "
-                               "(forward(inputs=...) or forward_only(inputs=...)).")
+        require_forward(group, outputs)
         loss_fn = group.loss
         if vp.is_default_cross_entropy(loss_fn):  # its compute() takes no options
             if vp.NEXT_LABELS not in inputs:
@@ -182,14 +181,7 @@ class TrainingMixin:
                 f"With cp_size={self.sizes.cp} the loss is computed on each rank's part of the sequence; only the "
                 f"default CrossEntropyLoss does that (got {type(loss_fn).__name__}). Use set_loss('CrossEntropyLoss') "
                 "or cp_size=1.")
-        if isinstance(loss_fn, Loss):
-            total, items = loss_fn.compute(inputs, outputs, **kwargs)
-        else:  # a plain callable returns a per-batch mean: every micro-batch weighs the same
-            total, items = loss_fn(inputs, outputs, **kwargs), 1
-        if not isinstance(total, torch.Tensor) or total.numel() != 1:
-            raise TypeError(f"The loss {type(loss_fn).__name__} returned {type(total).__name__}; "
-                            "a loss must return a scalar tensor.")
-        return total.reshape(()), items
+        return compute_loss(group, inputs, outputs, kwargs, group.last_is_training)
 
     def _pad_token_id(self, group: OptimizerGroup) -> int:
         if group.template is not None and isinstance(getattr(group.template, "pad_token_id", None), int):

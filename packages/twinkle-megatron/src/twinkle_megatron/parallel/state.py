@@ -1,7 +1,9 @@
 """Bring up torch.distributed and megatron-core's (process-global) parallel state for a mesh.
 
 megatron-core keeps one set of process groups per process; a second MegatronModel with the same
-sizes reuses them and one with different sizes is refused (call :func:`destroy` first).
+sizes reuses them and one with different sizes is refused (call :func:`destroy` first). The
+data-parallel group (with context parallelism) is registered with ``twinkle.collective``, so
+metrics and token counts are summed over data ranks only, not over TP/PP peers.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from twinkle import collective
 from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.parallel.mesh import ParallelSizes
 
@@ -18,12 +21,15 @@ _current: ParallelSizes | None = None
 
 
 def ensure_process_group(device_type: str) -> None:
-    """torch.distributed on (gloo on CPU, nccl on CUDA); a single process gets a private file store."""
+    """torch.distributed on with the platform's backend (``gloo`` on CPU, ``cpu:gloo,cuda:nccl`` on CUDA: object
+    collectives keep a CPU path); a single process gets a private file store."""
     import torch.distributed as dist
+
+    from twinkle.platform import detect_platform
 
     if dist.is_initialized():
         return
-    backend = "nccl" if device_type == "cuda" else "gloo"
+    backend = detect_platform(device_type).dist_backend
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 or "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend=backend, rank=int(os.environ.get("RANK", "0")), world_size=world)
@@ -55,6 +61,7 @@ def initialize(sizes: ParallelSizes, device_type: str) -> None:
             "twinkle_megatron.parallel.state.destroy() first."
         )
     parallel_state.initialize_model_parallel(**sizes.initialize_kwargs())
+    collective.set_data_group(parallel_state.get_data_parallel_group(with_context_parallel=True))
     _current = sizes
 
 
@@ -64,6 +71,7 @@ def destroy() -> None:
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
+    collective.set_data_group(None)
     _current = None
 
 
