@@ -24,6 +24,7 @@ from twinkle.checkpoint.errors import CheckpointError
 METADATA_FILE = ".metadata"
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_DCP_PLANNER = "torch.distributed.checkpoint.planner"
 #: (module, name) pairs the metadata pickle may reference; everything else is refused.
 _ALLOWED: frozenset[tuple[str, str]] = frozenset({
     (_DCP_METADATA, "Metadata"),
@@ -35,6 +36,11 @@ _ALLOWED: frozenset[tuple[str, str]] = frozenset({
     (_DCP_METADATA, "StorageMeta"),
     (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    # megatron's dist-checkpointing keeps the save plans (plain frozen dataclasses) in ``planner_data``
+    (_DCP_PLANNER, "SavePlan"),
+    (_DCP_PLANNER, "WriteItem"),
+    (_DCP_PLANNER, "WriteItemType"),
+    (_DCP_PLANNER, "TensorWriteData"),
     ("torch.serialization", "_get_layout"),
     ("torch", "Size"),
     ("pathlib", "PosixPath"),
