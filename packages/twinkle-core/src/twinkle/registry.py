@@ -39,6 +39,7 @@ KINDS: dict[str, str] = {
     "kernel": "register_kernels",
     "precision": "register_precisions",
     "platform": "register_platforms",
+    "command": "register_commands",
 }
 
 #: Components of twinkle's own packages, so a missing one names the package to install.
@@ -52,6 +53,7 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("loss", "LigerFusedLinearCrossEntropyLoss"): "twinkle-hf",
     ("precision", "fp8"): "twinkle-megatron[fp8]",
     ("platform", "npu"): "twinkle-npu",
+    ("command", "serve"): "twinkle-server",
 }
 
 
