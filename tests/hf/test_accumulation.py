@@ -86,35 +86,3 @@ def test_accumulation_given_to_the_step_call() -> None:
         steps.append(group.cur_step)
     assert steps == [0, 0, 0, 1, 1, 1, 1, 2]
     assert group.gradient_accumulation_steps == 4
-
-
-def test_unnormalized_loss_accumulates_the_sum_of_gradients() -> None:
-    """``Loss.normalize = False`` (the Tinker loss semantics): no per-token division, gradients add up.
-
-    The reference is the independent definition: the gradient of the summed cross-entropy of the whole
-    window, i.e. that loss on one big batch, which equals the mean-loss gradient times the token count.
-    """
-    from twinkle.loss import CrossEntropyLoss
-
-    class SumCrossEntropy(CrossEntropyLoss):
-        normalize = False
-
-    micro = _micro_batches()
-    big = concat_batches(micro)
-    tokens = int((big["labels"][:, 1:] != -100).sum())
-    accumulated, single, mean = make_model(seed=7), make_model(seed=7), make_model(seed=7)
-    accumulated.set_loss(SumCrossEntropy())
-    single.set_loss(SumCrossEntropy())
-    reported = [accumulated.forward_backward(inputs=b, gradient_accumulation_steps=3) for b in micro]
-    reported_big = single.forward_backward(inputs=big)
-    reported_mean = mean.forward_backward(inputs=big)
-    assert sum(reported) == pytest.approx(reported_big, rel=1e-5)  # each call reports its sum
-    assert reported_big == pytest.approx(reported_mean * tokens, rel=1e-5)
-    for model in (accumulated, single, mean):
-        model.set_optimizer("SGD", lr=1.0)
-        model._prepare_grads(model.optimizer_group["default"])
-    grads = [{n: p.grad.clone() for n, p in m.model.named_parameters() if p.grad is not None}
-             for m in (accumulated, single, mean)]
-    for name in grads[0]:
-        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
-        torch.testing.assert_close(grads[1][name], grads[2][name] * tokens, rtol=1e-4, atol=1e-5, msg=name)

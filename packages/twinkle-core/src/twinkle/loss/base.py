@@ -23,10 +23,6 @@ class Loss(ABC):
     #: The forward flavour this loss reads (``causal_lm`` logits, ``embedding`` vectors, ``fused_lm_ce``
     #: hidden states + lm_head); a model's forward uses it when the caller gives no ``task=``.
     task: str = "causal_lm"
-    #: What a model trains on: True, the per-item mean over the accumulation window (the summed loss is
-    #: divided by the window's item count); False, the plain sum (losses defined as sums over tokens,
-    #: like the Tinker API's). Independent of ``reduction``, which only shapes what calling the loss returns.
-    normalize: bool = True
 
     def __init__(self, reduction: str = "mean") -> None:
         if reduction not in REDUCTIONS:

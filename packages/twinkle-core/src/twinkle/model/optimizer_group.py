@@ -13,11 +13,6 @@ gradient accumulation, which lives here so every backend gets the same semantics
   factor is 1 and nothing is touched;
 * ``clip_grad_norm`` / ``step`` act only on a boundary, ``zero_grad`` only right after a step (or
   on a boundary), ``lr_step`` once per optimizer step.
-
-A loss with ``normalize = False`` (the Tinker-defined losses, whose objective *is* the sum over
-tokens) asks for the sum instead: no division and no rescale, so the applied gradient is that of the
-summed losses of every micro-batch of the window -- again the gradient of the window taken as one batch.
-(A loss's ``reduction`` only says what calling it returns; the model normalizes per ``normalize``.)
 """
 
 from __future__ import annotations
@@ -113,11 +108,6 @@ class OptimizerGroup:
             if value is not None:
                 self.gradient_accumulation_steps = check_accumulation_steps(value)
 
-    @property
-    def sums_items(self) -> bool:
-        """Whether the group's loss trains on the sum over items (``Loss.normalize = False``), not the mean."""
-        return getattr(self.loss, "normalize", True) is False
-
     def backward_divisor(self, num_items: Any) -> Any:
         """What this micro-batch's loss sum is divided by before backward (see module docstring).
 
@@ -125,12 +115,7 @@ class OptimizerGroup:
         """
         if self.micro_step == 0:
             self.window_ref_items = at_least_one(num_items)
-        return 1 if self.sums_items else self.window_ref_items
-
-    def report_loss(self, total: Any, items: Any) -> float:
-        """The number a forward reports for its loss: the per-item mean, or the sum for a ``normalize=False`` loss."""
-        value = float(total.detach() if hasattr(total, "detach") else total)
-        return value if self.sums_items else value / max(float(items), 1.0)
+        return self.window_ref_items
 
     def record_backward(self, num_items: Any) -> None:
         self.micro_step += 1
@@ -148,7 +133,7 @@ class OptimizerGroup:
 
         With a single micro-batch in the window the factor is exactly 1 and is not computed.
         """
-        if self.micro_step <= 1 or self.sums_items:
+        if self.micro_step <= 1:
             return None
         factor = self.window_ref_items / at_least_one(self.window_items)
         return None if isinstance(factor, float) and factor == 1.0 else factor

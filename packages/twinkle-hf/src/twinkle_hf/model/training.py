@@ -44,10 +44,10 @@ class TrainingMixin:
 
     @remote_function(collect="mean")
     def calculate_loss(self, *, adapter_name: str | None = None, **kwargs: Any) -> float:
-        """The group's loss on the last forward (per-item mean over every data rank, the sum for a sum loss)."""
+        """The group's loss on the last forward (per-item mean over every data rank); kwargs go to the loss."""
         group = self._group(adapter_name)
         total, items = self._compute_loss(group, kwargs)
-        return group.report_loss(*self._global_loss_items(total, items))
+        return _mean(*self._global_loss_items(total, items))
 
     def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Back-propagate the last loss into the group's accumulating gradients (token-weighted)."""
@@ -79,7 +79,7 @@ class TrainingMixin:
     @remote_function(dispatch="slice_dp", collect="mean")
     def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, task: str | None = None,
                          **kwargs: Any) -> float:
-        """forward + calculate_loss + backward; returns the per-item (token) mean loss (a sum loss: the sum).
+        """forward + calculate_loss + backward; returns the micro-batch's per-item (token) mean loss.
 
         Under DDP/FSDP2 the mean is over every data rank's tokens, so all ranks return the same number.
         """
@@ -90,7 +90,7 @@ class TrainingMixin:
         value, count = self._global_loss_items(total, items)
         group.last_outputs = None  # metrics have seen the logits: free them before backward's peak
         self._backward(group, count if self.dist_plan.distributed else None)
-        return group.report_loss(value, count)
+        return _mean(value, count)
 
     # -------------------------------------------------------------- internals
     def _forward(self, group: OptimizerGroup, inputs: Any, task: str | None, training: bool,
@@ -147,6 +147,11 @@ class TrainingMixin:
                 return value
         eos = getattr(self._hf_model().config, "eos_token_id", None)
         return eos if isinstance(eos, int) else 0
+
+
+def _mean(total: Any, items: Any) -> float:
+    value = total.detach() if isinstance(total, torch.Tensor) else total
+    return float(value) / max(float(items), 1.0)
 
 
 def _no_kwargs(method: str, kwargs: dict[str, Any]) -> None:

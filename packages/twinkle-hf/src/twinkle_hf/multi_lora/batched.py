@@ -78,7 +78,7 @@ class BatchedMixin:
             for t, (value, count) in kept.items():
                 groups[t].record_backward(count)
                 groups[t].last_loss = None
-                result[t] = groups[t].report_loss(value, count)
+                result[t] = float(value) / max(float(count), 1.0)
             return result
 
     # ------------------------------------------- distributed hooks of TransformersModel (no-ops alone)

@@ -1,8 +1,8 @@
 """How MegatronModel finishes, clips and applies gradients; the accumulation gating is core's.
 
 On the boundary the gradients are first *finalized* once: synchronised across data-parallel ranks
-and divided by the window's token count (``drivers.py``; not for a ``normalize=False`` loss).
-Clipping is applied inside the optimizer's step; ``clip_grad_norm`` returns the norm before clipping.
+and divided by the window's token count (``drivers.py``). Clipping is applied inside the
+optimizer's step; ``clip_grad_norm`` returns the norm before clipping.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class SteppingMixin(CoreSteppingMixin):
                                f"adapter_name={group.name!r}) before stepping.")
         if group.grads_ready:
             return
-        group.optimizer.finalize(1 if group.sums_items else group.window_items)  # a sum loss: no division
+        group.optimizer.finalize(group.window_items)
         group.grads_ready = True
 
     def _clip_grads(self, group: OptimizerGroup, max_grad_norm: float, norm_type: float) -> float:

@@ -40,7 +40,7 @@ class TrainingMixin:
         group = self._group(adapter_name)
         total, items = self._compute_loss(group, group.last_inputs, group.last_outputs, kwargs)
         group.record_loss(total.reshape(()), items, group.last_is_training)
-        return group.report_loss(total, items)
+        return _mean(total, items)
 
     def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Back-propagate the last loss sum into the group's accumulating gradients."""
@@ -86,7 +86,7 @@ class TrainingMixin:
             loss_sum, items_sum = loss_sum + float(total.detach()), items_sum + items
         group.record_backward(items_sum)
         group.last_loss, group.last_outputs = None, None
-        return group.report_loss(loss_sum, items_sum)
+        return loss_sum / max(float(items_sum), 1.0)
 
     # -------------------------------------------------------------- internals
     def _prepare(self, group: OptimizerGroup, inputs: Any) -> dict[str, Any]:
@@ -150,3 +150,6 @@ def _check_task(task: str) -> None:
         raise MegatronConfigError(f"task={task!r}: MegatronModel runs 'causal_lm' only (GPTModel has no "
                                   "embedding-pooling head); use TransformersModel for task='embedding'.")
 
+
+def _mean(total: torch.Tensor, items: Any) -> float:
+    return float(total.detach()) / max(float(items), 1.0)
