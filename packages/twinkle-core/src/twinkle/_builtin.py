@@ -28,9 +28,29 @@ def register_lr_schedulers():
     return specs
 
 
+#: RL and preference losses, by Tinker's names where Tinker defines the loss (see docs/rl.md)
+_RL_LOSSES = {
+    "cross_entropy": "TokenCrossEntropy", "importance_sampling": "ImportanceSamplingLoss", "ppo": "PPOLoss",
+    "cispo": "CISPOLoss", "dro": "DROLoss", "gspo": "GSPOLoss", "grpo": "GRPOLoss", "dr_grpo": "DrGRPOLoss",
+    "bnpo": "BNPOLoss", "dpo": "DPOLoss", "ipo": "IPOLoss", "simpo": "SimPOLoss", "orpo": "ORPOLoss",
+}
+
+
 @hookimpl
 def register_losses():
-    return {"CrossEntropyLoss": "twinkle.loss:CrossEntropyLoss", "InfoNCELoss": "twinkle.loss:InfoNCELoss"}
+    specs = {"CrossEntropyLoss": "twinkle.loss:CrossEntropyLoss", "InfoNCELoss": "twinkle.loss:InfoNCELoss"}
+    specs.update({name: f"twinkle.loss:{cls}" for name, cls in _RL_LOSSES.items()})
+    return specs
+
+
+@hookimpl
+def register_advantages():
+    return {name: f"twinkle.advantage:{name}" for name in ("grpo", "rloo", "reward_minus_baseline")}
+
+
+@hookimpl
+def register_rewards():
+    return {name: f"twinkle.reward:{name}" for name in ("exact_match", "numeric_match", "format_match")}
 
 
 @hookimpl

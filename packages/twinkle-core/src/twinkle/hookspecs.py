@@ -103,6 +103,31 @@ def register_platforms() -> Specs:
 
 
 @hookspec
+def register_samplers() -> Specs:
+    """Samplers (``twinkle.sampler.Sampler`` subclasses) that generate completions with per-token logprobs.
+
+    E.g. ``{"TorchSampler": "twinkle_hf.sampler:TorchSampler"}``; an RL loop samples with one, scores
+    the samples with rewards and trains on them.
+    """
+
+
+@hookspec
+def register_advantages() -> Specs:
+    """Advantage estimators: callables ``(rewards, group_size, **options) -> advantages`` per sample.
+
+    Core registers ``grpo`` (group-normalised), ``rloo`` (leave-one-out) and ``reward_minus_baseline``.
+    """
+
+
+@hookspec
+def register_rewards() -> Specs:
+    """Reward functions: callables ``(completion: str, **row) -> float`` scoring one sampled completion.
+
+    A script adds its own with ``twinkle.reward.register_reward(name)`` or passes the function itself.
+    """
+
+
+@hookspec
 def register_commands() -> Specs:
     """``twinkle`` sub-commands, e.g. ``{"serve": "twinkle_server.cli:main"}`` (twinkle-server's ``twinkle serve``).
 

@@ -39,6 +39,9 @@ KINDS: dict[str, str] = {
     "kernel": "register_kernels",
     "precision": "register_precisions",
     "platform": "register_platforms",
+    "sampler": "register_samplers",
+    "advantage": "register_advantages",
+    "reward": "register_rewards",
     "command": "register_commands",
 }
 
@@ -53,6 +56,8 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("loss", "LigerFusedLinearCrossEntropyLoss"): "twinkle-hf",
     ("precision", "fp8"): "twinkle-megatron[fp8]",
     ("platform", "npu"): "twinkle-npu",
+    ("sampler", "TorchSampler"): "twinkle-hf",
+    ("sampler", "VLLMSampler"): "twinkle-hf[vllm]",
     ("command", "serve"): "twinkle-server",
 }
 
@@ -244,6 +249,26 @@ class Registry:
         parts.append("Pass a class or an instance instead, or install the plugin that provides it (`twinkle plugins`).")
         return ComponentNotFoundError(" ".join(parts), kind=kind, name=name)
 
+    def register(self, kind: str, name: str, obj: Any) -> Any:
+        """Add ``obj`` under ``name`` from a script, without a package (e.g. a reward function).
+
+        It behaves like a plugin component (listed by ``twinkle plugins`` under distribution
+        ``<script>``); a name some plugin already registered is an error, as between two plugins.
+        Returns ``obj``, so it also works as a decorator body.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"A {kind} name must be a non-empty string, got {name!r}.")
+        target = f"{getattr(obj, '__module__', '__main__')}:{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+        with self._lock:
+            table = self._table(kind)
+            if name in table.components or name in table.conflicts:
+                owner = table.components.get(name) or table.conflicts[name][0]
+                raise DuplicateComponentError(f"{kind} {name!r} is already registered by {owner.distribution} "
+                                              f"({owner.target}); pick another name.")
+            table.components[name] = Component(kind, name, target, Provenance("script", "<script>", ""))
+            self._loaded[(kind, name)] = obj
+        return obj
+
     def load(self, kind: str, name: str) -> Any:
         """Import and return the object registered as ``name`` (cached)."""
         component = self.get(kind, name)
@@ -295,6 +320,11 @@ def set_registry(registry: Registry | None) -> Registry | None:
 def resolve(kind: str, obj: Any) -> Any:
     """Resolve ``obj`` of ``kind`` through the process-wide registry. See :meth:`Registry.resolve`."""
     return get_registry().resolve(kind, obj)
+
+
+def register(kind: str, name: str, obj: Any) -> Any:
+    """Register ``obj`` as ``kind`` ``name`` in the process-wide registry. See :meth:`Registry.register`."""
+    return get_registry().register(kind, name, obj)
 
 
 def list_components(kind: str | None = None) -> list[Component]:

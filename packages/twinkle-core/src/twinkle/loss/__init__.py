@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from twinkle.loss.base import IGNORE_INDEX, Loss
 from twinkle.loss.cross_entropy import CrossEntropyLoss
+from twinkle.loss.grpo import BNPOLoss, DrGRPOLoss, GRPOLoss, GSPOLoss
 from twinkle.loss.infonce import InfoNCELoss
+from twinkle.loss.policy import CISPOLoss, DROLoss, ImportanceSamplingLoss, PPOLoss, TokenCrossEntropy
+from twinkle.loss.preference import DPOLoss, IPOLoss, ORPOLoss, SimPOLoss
+from twinkle.loss.token_inputs import TokenOutputs
 
-__all__ = ["IGNORE_INDEX", "CrossEntropyLoss", "InfoNCELoss", "Loss"]
+__all__ = ["IGNORE_INDEX", "BNPOLoss", "CISPOLoss", "CrossEntropyLoss", "DPOLoss", "DROLoss",
+           "DrGRPOLoss", "GRPOLoss", "GSPOLoss", "IPOLoss", "ImportanceSamplingLoss", "InfoNCELoss", "Loss",
+           "ORPOLoss", "PPOLoss", "SimPOLoss", "TokenCrossEntropy", "TokenOutputs"]

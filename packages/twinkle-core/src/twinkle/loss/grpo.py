@@ -1,0 +1,120 @@
+"""The GRPO family and GSPO: clipped policy-gradient losses that differ in how they normalise.
+
+Per token, with ``r = exp(p - q)`` (learner vs sampler log-probability) and advantage ``A``::
+
+    l_t = -min(r A, clip(r, low, high) A) + beta * KL_t,     KL_t = exp(ref - p) - (ref - p) - 1
+
+(``KL_t`` is the k3 estimator of DeepSeekMath against the reference log-probabilities
+``ref_logprobs``; with ``beta > 0`` a model computes them itself, for a LoRA adapter from the base
+with adapters disabled.) The losses weigh ``l_t`` by the token weights ``w_t`` and normalise:
+
+* ``grpo`` (Shao et al. 2024): each sequence's weighted token mean, averaged over sequences;
+* ``bnpo``: the weighted token mean over the whole batch;
+* ``dr_grpo`` (Liu et al. 2025, "Dr. GRPO"): the token sum divided by ``max_tokens`` (the
+  generation budget) per sequence, so no length bias.
+
+``gspo`` (Zheng et al. 2025) clips a sequence-level ratio ``s_i = exp(mean_t (p - q))`` (its
+GSPO-token form: the ratio's value is ``s_i`` at every token and its gradient ``s_i * grad p_t``,
+identical to GSPO when advantages are constant per sequence) and averages like ``grpo``; its
+default bounds are the paper's ``1 - 3e-4`` and ``1 + 4e-4``.
+
+Every denominator is a count of sequences or tokens, so the model's global normalisation keeps the
+losses exact under gradient accumulation and data parallelism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from twinkle.loss.base import Loss, output_field
+from twinkle.loss.policy import _ratio_bounds
+from twinkle.loss.token_inputs import TokenOutputs, TokenView, token_view
+
+NORMALIZATIONS = ("sequence", "token", "constant")
+
+
+class GRPOLoss(Loss):
+    """Clipped surrogate + optional KL, normalised per ``normalization`` (see the module docstring)."""
+
+    name = "grpo"
+    normalization = "sequence"
+
+    def __init__(self, clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2, beta: float = 0.0,
+                 max_tokens: int | None = None) -> None:
+        super().__init__("mean")
+        self.low, self.high = _ratio_bounds(clip_low_threshold, clip_high_threshold, self.name)
+        if not beta >= 0:
+            raise ValueError(f"{self.name}: beta (the KL coefficient) must be >= 0, got {beta!r}.")
+        self.beta = float(beta)
+        if self.normalization == "constant" and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                                 or max_tokens < 1):
+            raise ValueError(f"{self.name} divides by the generation budget: pass max_tokens=<the sampler's "
+                             f"max_tokens> (a positive int), got {max_tokens!r}.")
+        self.max_tokens = max_tokens
+        self.last_outputs: TokenOutputs | None = None
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a forward must provide ``ref_logprobs`` (a KL penalty is on)."""
+        return self.beta > 0
+
+    def ratio(self, logprobs: torch.Tensor, view: TokenView) -> torch.Tensor:
+        return torch.exp(view.log_ratio(logprobs))
+
+    def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        if kwargs:
+            raise TypeError(f"The {self.name} loss takes no call options, got {sorted(kwargs)}.")
+        logits = output_field(outputs, "logits")
+        view = token_view(inputs, logits, self.name)
+        logprobs = view.logprobs(logits)
+        ratio = self.ratio(logprobs, view)
+        advantages = view.field("advantages")
+        per_token = -torch.minimum(ratio * advantages, ratio.clamp(self.low, self.high) * advantages)
+        if self.beta > 0:
+            delta = -view.log_ratio(logprobs, "ref_logprobs")
+            per_token = per_token + self.beta * (torch.exp(delta) - delta - 1)
+        self.last_outputs = TokenOutputs({"logprobs": logprobs.detach()}, view.segments)
+        return self._normalise(per_token * view.weights, view)
+
+    def _normalise(self, weighted: torch.Tensor, view: TokenView) -> tuple[torch.Tensor, Any]:
+        if self.normalization == "token":
+            return weighted.sum(), view.weights.sum()
+        trained = view.trained_sequences()
+        if self.normalization == "constant":
+            return weighted.sum(), trained.sum() * self.max_tokens
+        sums, weights = view.per_sequence(weighted), view.per_sequence(view.weights)
+        return (sums[trained] / weights[trained]).sum(), trained.sum()
+
+
+class BNPOLoss(GRPOLoss):
+    """``bnpo``: GRPO's surrogate, normalised by the batch's weighted token count."""
+
+    name = "bnpo"
+    normalization = "token"
+
+
+class DrGRPOLoss(GRPOLoss):
+    """``dr_grpo``: GRPO's surrogate, divided by ``max_tokens`` per sequence (no length normalisation)."""
+
+    name = "dr_grpo"
+    normalization = "constant"
+
+
+class GSPOLoss(GRPOLoss):
+    """``gspo``: a length-normalised sequence ratio, clipped per sequence (GSPO-token form)."""
+
+    name = "gspo"
+
+    def __init__(self, clip_low_threshold: float = 1 - 3e-4, clip_high_threshold: float = 1 + 4e-4,
+                 beta: float = 0.0) -> None:
+        super().__init__(clip_low_threshold, clip_high_threshold, beta)
+
+    def ratio(self, logprobs: torch.Tensor, view: TokenView) -> torch.Tensor:
+        weights = view.weights
+        log_ratio = view.per_sequence(view.log_ratio(logprobs) * weights) / \
+            view.per_sequence(weights).clamp(min=1e-12)
+        per_position = log_ratio.detach()[view.segments.clamp(min=0)]
+        return torch.exp(per_position + logprobs - logprobs.detach())

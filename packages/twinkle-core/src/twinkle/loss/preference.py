@@ -1,0 +1,151 @@
+"""Preference losses on chosen/rejected pairs: DPO (sigmoid), IPO, SimPO and ORPO.
+
+A batch holds pairs as consecutive sequences ``chosen_0, rejected_0, chosen_1, rejected_1, ...``
+(``twinkle.template.Template.encode_preference`` makes them; the processor pads or packs them like
+SFT rows). ``pi`` is a sequence's summed log-probability over its trained tokens, ``ref`` the same
+under the reference (the base model with adapters disabled, added by the model when the loss needs
+it), ``|y|`` its trained token count, ``sigma`` the logistic function; subscripts ``w``/``l`` are
+chosen/rejected:
+
+=========  =========================================================================================
+dpo        ``-(1 - e) log sigma(z) - e log sigma(-z)``, ``z = beta ((pi_w - ref_w) - (pi_l - ref_l))``
+ipo        ``(h - 1 / (2 beta)) ** 2``, ``h = (pi_w - ref_w) - (pi_l - ref_l)``   (Azar et al. 2023)
+simpo      ``-log sigma(beta pi_w / |y_w| - beta pi_l / |y_l| - gamma)``        (Meng et al. 2024)
+orpo       ``-pi_w / |y_w| + beta * -log sigma(lo_w - lo_l)``, ``lo = m - log(1 - exp(m))``, ``m = pi / |y|``
+=========  =========================================================================================
+
+Each loss is a mean over pairs (the model divides by the global pair count, exact under
+accumulation and data parallelism). Every sequence's implicit ``reward`` (DPO/IPO:
+``beta (pi - ref)``, SimPO: ``beta pi / |y|``, ORPO: ``beta m``) is kept in ``last_outputs`` with
+the per-token ``logprobs``, so the chosen-minus-rejected margin and the preference accuracy can be
+read after each step.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from twinkle.loss.base import Loss, output_field
+from twinkle.loss.token_inputs import TokenOutputs, token_view
+
+
+class PreferenceLoss(Loss):
+    """Base: sequence log-probabilities of the pairs, the per-pair loss of a subclass, the rewards kept."""
+
+    name = "preference"
+    uses_reference = False
+
+    def __init__(self, beta: float) -> None:
+        super().__init__("mean")
+        if not beta > 0:
+            raise ValueError(f"{self.name}: beta must be > 0, got {beta!r}.")
+        self.beta = float(beta)
+        self.last_outputs: TokenOutputs | None = None
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a forward must provide ``ref_logprobs`` (the loss compares with a reference)."""
+        return self.uses_reference
+
+    @abstractmethod
+    def pair_loss(self, pi: torch.Tensor, ref: torch.Tensor | None, lengths: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                    torch.Tensor]:
+        """(loss per pair, reward per sequence) from (2 * pairs,) sequence values, pairs interleaved."""
+
+    def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        if kwargs:
+            raise TypeError(f"The {self.name} loss takes no call options, got {sorted(kwargs)}.")
+        logits = output_field(outputs, "logits")
+        view = token_view(inputs, logits, self.name)
+        logprobs = view.logprobs(logits)
+        trained = view.trained_sequences()
+        count = int(trained.sum())
+        if count == 0 or count % 2:
+            raise ValueError(f"The {self.name} loss needs (chosen, rejected) pairs: consecutive sequences with trained "
+                             f"tokens, an even number of them; this batch has {count}. Build rows with "
+                             "Template.encode_preference and keep each pair in one batch.")
+        pi = view.per_sequence(torch.where(view.weights != 0, logprobs, torch.zeros_like(logprobs)) * view.weights)
+        ref = view.per_sequence(view.field("ref_logprobs") * view.weights)[trained] if self.uses_reference else None
+        lengths = view.per_sequence(view.weights)[trained]
+        losses, rewards = self.pair_loss(pi[trained], ref, lengths)
+        all_rewards = pi.new_zeros(view.num_sequences)
+        all_rewards[trained] = rewards.detach()
+        self.last_outputs = TokenOutputs({"logprobs": logprobs.detach()}, view.segments, {"reward": all_rewards})
+        return losses.sum(), count // 2
+
+
+def _pairs(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return values[0::2], values[1::2]
+
+
+class DPOLoss(PreferenceLoss):
+    """``dpo``: the sigmoid loss of Rafailov et al. 2023 (``label_smoothing`` e: the conservative cDPO form)."""
+
+    name = "dpo"
+    uses_reference = True
+
+    def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0) -> None:
+        super().__init__(beta)
+        if not 0 <= label_smoothing < 0.5:
+            raise ValueError(f"dpo: label_smoothing must be in [0, 0.5), got {label_smoothing!r}.")
+        self.label_smoothing = float(label_smoothing)
+
+    def pair_loss(self, pi: torch.Tensor, ref: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                            torch.Tensor]:
+        rewards = self.beta * (pi - ref)
+        chosen, rejected = _pairs(rewards)
+        z = chosen - rejected
+        e = self.label_smoothing
+        return -(1 - e) * F.logsigmoid(z) - e * F.logsigmoid(-z), rewards
+
+
+class IPOLoss(PreferenceLoss):
+    """``ipo``: squared distance of the log-likelihood-ratio margin to ``1 / (2 beta)``."""
+
+    name = "ipo"
+    uses_reference = True
+
+    def __init__(self, beta: float = 0.1) -> None:
+        super().__init__(beta)
+
+    def pair_loss(self, pi: torch.Tensor, ref: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                            torch.Tensor]:
+        chosen, rejected = _pairs(pi - ref)
+        return (chosen - rejected - 1 / (2 * self.beta)) ** 2, self.beta * (pi - ref)
+
+
+class SimPOLoss(PreferenceLoss):
+    """``simpo``: length-normalised log-likelihood rewards with a target margin ``gamma``; no reference."""
+
+    name = "simpo"
+
+    def __init__(self, beta: float = 2.0, gamma: float = 0.5) -> None:
+        super().__init__(beta)
+        self.gamma = float(gamma)
+
+    def pair_loss(self, pi: torch.Tensor, ref: None, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rewards = self.beta * pi / lengths
+        chosen, rejected = _pairs(rewards)
+        return -F.logsigmoid(chosen - rejected - self.gamma), rewards
+
+
+class ORPOLoss(PreferenceLoss):
+    """``orpo``: the chosen answer's mean NLL plus ``beta`` times the odds-ratio loss; no reference."""
+
+    name = "orpo"
+
+    def __init__(self, beta: float = 0.1) -> None:
+        super().__init__(beta)
+
+    def pair_loss(self, pi: torch.Tensor, ref: None, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean_logp = pi / lengths
+        # log(1 - P) with P = exp(m) -> 1 clamped one epsilon below 1, so a certain answer stays finite
+        log_odds = mean_logp - torch.log(-torch.expm1(mean_logp.clamp(max=-torch.finfo(mean_logp.dtype).eps)))
+        chosen_odds, rejected_odds = _pairs(log_odds)
+        chosen_mean, _ = _pairs(mean_logp)
+        return -chosen_mean - self.beta * F.logsigmoid(chosen_odds - rejected_odds), self.beta * mean_logp
