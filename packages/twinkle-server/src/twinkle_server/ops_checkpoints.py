@@ -102,6 +102,7 @@ class CheckpointOps:
             lora = self.engine.create_from_checkpoint(model_id, directory, optimizer=request.optimizer)
             self.store.add_model(model_id, owner, request.session_id, self.config.base_model_name, lora,
                                  request.user_metadata)
+            self.scheduler.expect(model_id, 1)
             return Result({"type": "load_weights", "path": ref.tinker_path, "model_id": model_id})
 
         return self.untyped(self.submit(owner, "load_weights", model_id, None, run=run))

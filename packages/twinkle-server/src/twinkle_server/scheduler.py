@@ -94,6 +94,12 @@ class Scheduler:
     def depth(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
+    def expect(self, model_id: str, seq_id: int) -> None:
+        """A new model's first request is ``seq_id`` (the client numbers from 1); later ones follow it."""
+        with self._cond:
+            self._next_seq[model_id] = seq_id
+            self._cond.notify_all()
+
     def forget_model(self, model_id: str) -> None:
         """Drop the seq bookkeeping of an unloaded model."""
         with self._cond:

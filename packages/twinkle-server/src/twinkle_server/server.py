@@ -37,6 +37,10 @@ def build_model(config: ServerConfig, targets: dict[str, list[str]]) -> Any:
     cls = resolve("model", config.model.type)
     modules = [m for names in targets.values() for m in names]
     server = config.server
+    if config.infra.mode == "local":  # a random-init base (twinkle:// assets) then depends on the seed only
+        from twinkle.runtime import seed_everything
+
+        seed_everything(server.seed)
     return cls(model_id=config.model.model_id, mixed_precision=config.model.mixed_precision,
                max_loras=server.max_tenants, max_r=server.max_rank, max_length=server.max_length,
                target_modules=modules, **config.model.kwargs, **_infra.model_kwargs(_trainer_view(config)))

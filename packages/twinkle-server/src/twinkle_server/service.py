@@ -200,6 +200,7 @@ class Service(CheckpointOps, SamplingOps):
     def _create(self, owner: str, model_id: str, request: Any, lora: dict[str, Any]) -> Result:
         self.engine.create(model_id, lora)
         self.store.add_model(model_id, owner, request.session_id, request.base_model, lora, request.user_metadata)
+        self.scheduler.expect(model_id, 1)
         return Result({"type": "create_model", "model_id": model_id})
 
     def get_info(self, owner: str, model_id: str) -> dict[str, Any]:
