@@ -28,15 +28,16 @@ class SamplingOps:
         return self.dirs.kind_dir(model_id, "sampler_weights").parent / "sampling_sessions" / sampler_id
 
     def create_sampling_session(self, owner: str, request: Any) -> dict[str, Any]:
-        self._require_sampler()
         self.session_row(owner, request.session_id)
         sampler_id = f"{request.session_id}:sample:{secrets.token_hex(6)}"
         if request.model_path is not None:
             ref, _ = self.checkpoint_dir(owner, request.model_path, need_optimizer=False)
+            self._require_sampler()
             self.store.add_sampler(sampler_id, owner, request.session_id, ref.model_id, request.model_path,
                                    self.config.base_model_name, None)
         else:
             self.check_base_model(request.base_model or self.config.base_model_name)
+            self._require_sampler()
             self.store.add_sampler(sampler_id, owner, request.session_id, None, None, self.config.base_model_name,
                                    None)
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
