@@ -14,6 +14,8 @@ optim_step (AdamParams)           ``set_optimizer_params(lr, betas, eps, weight_
 save_weights / _for_sampler       ``save(name, dir, save_optimizer=...)``
 load_weights                      ``resume_from_checkpoint(dir, resume_only_model=not optimizer)``
 create from a checkpoint          ``load_lora(tenant, dir)`` (+ the optimizer state as above)
+sample / compute_logprobs         ``Sampler.sample`` / ``compute_logprobs`` (``TorchSampler`` on the
+                                  same model) with the tenant's name, or a spare slot holding saved weights
 ================================  ==================================================================
 
 In ``--infra.mode ray`` the model is a proxy for its Ray actors and the same calls run there.
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,8 +62,9 @@ class Engine:
     """Tinker operations on one shared multi-tenant model (local object or Ray proxy)."""
 
     def __init__(self, model: Any, targets: dict[str, list[str]], *, lora_alpha: int, max_rank: int,
-                 batching: bool) -> None:
+                 batching: bool, sampler: Any = None) -> None:
         self.model = model
+        self.sampler = sampler
         self.targets = targets
         self.lora_alpha = lora_alpha
         self.max_rank = max_rank
@@ -173,6 +178,52 @@ class Engine:
         self.model.resume_from_checkpoint(str(directory), resume_only_model=not optimizer,
                                           adapter_name=tenant_name(model_id))
         self.weights_version[model_id] = self.weights_version.get(model_id, 0) + 1
+
+    # --------------------------------------------------------------- sampling
+    @contextmanager
+    def adapter_for(self, model_id: str | None, version: int | None, directory: Path | None) -> Iterator[str]:
+        """The tenant to sample with: the live one while its weights are still ``version``, else a spare slot.
+
+        The spare slot is loaded from ``directory`` (a saved adapter) or, for the base model, left at its
+        initial weights (lora_B is zero, so it adds nothing); it is released after the request.
+        """
+        if model_id is not None and version is not None and self.weights_version.get(model_id) == version:
+            yield tenant_name(model_id)
+            return
+        spare = "sample_" + (model_id or "base").replace(":", "_")
+        try:
+            if directory is not None:
+                self.model.load_lora(spare, str(directory))
+            else:
+                self.model.acquire_lora(spare, self.lora_config({"rank": 1, "train_mlp": False,
+                                                                 "train_unembed": False}))
+        except RuntimeError as exc:  # every slot taken
+            raise UserError(f"no free LoRA slot to serve these weights ({exc}); sample while the training "
+                            "client's weights are unchanged, or free a slot (unload a model).") from None
+        try:
+            yield spare
+        finally:
+            self.model.release_lora(spare)
+
+    def sample(self, adapter: str, prompt: list[int], params: Any, num_samples: int,
+               prompt_logprobs: bool) -> tuple[list[Any], list[float | None] | None]:
+        """``num_samples`` completions of ``prompt`` (and the prompt's own logprobs when asked)."""
+        from twinkle.sampler import SamplingParams
+
+        try:
+            settings = SamplingParams(max_tokens=params.max_tokens or 128, temperature=params.temperature,
+                                      top_p=params.top_p, top_k=params.top_k, n=num_samples,
+                                      stop=params.stop if params.stop is None else _stops(params.stop),
+                                      seed=params.seed)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        result = self.sampler.sample([prompt], settings, adapter_name=adapter)[0]
+        scored = self.sampler.compute_logprobs([prompt], adapter_name=adapter)[0] if prompt_logprobs else None
+        return result.sequences, scored
+
+
+def _stops(stop: Any) -> Any:
+    return stop if isinstance(stop, str) else list(stop)
 
 
 def lora_of_checkpoint(directory: Path, targets: dict[str, list[str]]) -> dict[str, Any]:

@@ -15,13 +15,14 @@ from typing import Any
 
 from twinkle_server.errors import ApiError, not_found
 from twinkle_server.futures import Result
+from twinkle_server.wire import Sampled, sample_json, sample_response
 
 
 class SamplingOps:
     """Sampling half of :class:`twinkle_server.service.Service`."""
 
     def _require_sampler(self) -> None:
-        if self.sampler is None:
+        if self.engine.sampler is None:
             raise ApiError(400, "this server has no sampler (sampling needs the local mode: --infra.mode local).")
 
     def snapshot_dir(self, model_id: str, sampler_id: str) -> Path:
@@ -75,4 +76,41 @@ class SamplingOps:
         row = self.store.sampler(request.sampling_session_id, owner)
         if row is None:
             raise not_found("sampler", request.sampling_session_id)
-        raise ApiError(400, "sampling is not available in this build")
+        unsupported = [name for name, off in (("topk_prompt_logprobs", 0), ("topk_sample_logprobs", 0),
+                                              ("target_prompt_logprobs", None), ("prompt_alt_tokens_k", 0))
+                       if getattr(request, name) not in (off, None)]
+        if unsupported:
+            raise ApiError(400, f"{', '.join(unsupported)} are not supported by this server; sample without them "
+                                "(prompt_logprobs and prompt_logprobs_last_n are).")
+        try:
+            prompt = request.prompt.to_ints()
+        except ValueError:
+            raise ApiError(400, "only text prompts (ModelInput.from_ints) can be sampled here.") from None
+        if not prompt or request.num_samples < 1:
+            raise ApiError(400, "sample needs a non-empty prompt and num_samples >= 1.")
+        want_logprobs = bool(request.prompt_logprobs)
+        last_n = request.prompt_logprobs_last_n
+        if last_n is not None and not 1 <= last_n <= len(prompt) - 1:
+            raise ApiError(400, f"prompt_logprobs_last_n={last_n} must be in 1..len(prompt)-1 = {len(prompt) - 1}.")
+        directory = self._sampler_weights(row)
+
+        def run() -> Result:
+            with self.engine.adapter_for(row["model_id"], row["weights_version"], directory) as adapter:
+                sequences, scored = self.engine.sample(adapter, prompt, request.sampling_params,
+                                                       request.num_samples, want_logprobs)
+            if scored is not None and last_n is not None:
+                scored = [None] * (len(scored) - last_n) + scored[-last_n:]
+            sampled = [Sampled(list(s.tokens), list(s.logprobs), s.stop_reason) for s in sequences]
+            return Result(sample_json(sampled, scored), sample_response(sampled, scored), persist=False)
+
+        tokens = len(prompt) * request.num_samples
+        record = self.submit(owner, "sample", None, None, run=run, tokens=tokens)
+        return self.untyped(record, sample_sequence_ids=[f"{record.id}:{i}" for i in range(request.num_samples)])
+
+    def _sampler_weights(self, row: dict[str, Any]) -> Path | None:
+        """The adapter directory a sampling session samples from (None: the base model)."""
+        if row["model_path"] is not None:
+            return self.checkpoint_dir(row["owner"], row["model_path"], need_optimizer=False)[1]
+        if row["model_id"] is not None:
+            return self.snapshot_dir(row["model_id"], row["id"].replace(":", "~"))
+        return None

@@ -63,23 +63,31 @@ def build_service(config: ServerConfig) -> Service:
     model_path = resolve_path(config.model.model_id)
     targets = layer_families(model_path)
     model = build_model(config, targets)
+    tokenizer = tokenizer_dir(model_path)
     engine = Engine(model, targets, lora_alpha=config.server.lora_alpha, max_rank=config.server.max_rank,
-                    batching=config.server.batching)
+                    batching=config.server.batching, sampler=build_sampler(config, model, tokenizer))
     arch = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
-    service = Service(config, engine, store, CheckpointDirs(work_dir), arch=arch,
-                      tokenizer_id=tokenizer_dir(model_path), sampler=build_sampler(config, model))
+    service = Service(config, engine, store, CheckpointDirs(work_dir), arch=arch, tokenizer_id=tokenizer)
     service.start()
     return service
 
 
-def build_sampler(config: ServerConfig, model: Any) -> Any:
-    """A TorchSampler on the shared model's own weights (local mode; a Ray proxy has no local weights)."""
+def build_sampler(config: ServerConfig, model: Any, tokenizer: str | None) -> Any:
+    """A TorchSampler on the shared model's own weights (local mode; a Ray proxy has no local weights).
+
+    The tokenizer serves stop strings; without one only stop token ids work.
+    """
     if config.infra.mode != "local":
         return None
     try:
         from twinkle.registry import resolve
 
-        return resolve("sampler", "TorchSampler")(model)
+        loaded = None
+        if tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            loaded = AutoTokenizer.from_pretrained(tokenizer)
+        return resolve("sampler", "TorchSampler")(model, tokenizer=loaded)
     except Exception as exc:  # noqa: BLE001 - a server without sampling still trains
         logger.warning("no sampler (%s: %s); sampling requests will be refused", type(exc).__name__, exc)
         return None

@@ -39,14 +39,13 @@ class Service(CheckpointOps, SamplingOps):
     """Everything between the HTTP routes and the worker thread."""
 
     def __init__(self, config: ServerConfig, engine: Engine, store: Store, dirs: CheckpointDirs, *,
-                 arch: str | None, tokenizer_id: str | None, sampler: Any = None) -> None:
+                 arch: str | None, tokenizer_id: str | None) -> None:
         self.config = config
         self.engine = engine
         self.store = store
         self.dirs = dirs
         self.arch = arch
         self.tokenizer_id = tokenizer_id
-        self.sampler = sampler
         self.metrics = Metrics()
         self.futures = FutureTable(store)
         self.scheduler = Scheduler(self.futures, self.metrics, self._run_steps, batching=engine.batching,
@@ -125,7 +124,7 @@ class Service(CheckpointOps, SamplingOps):
 
     def capabilities(self) -> dict[str, Any]:
         return {"supported_models": [{"model_name": self.config.base_model_name, "trainable": True,
-                                      "sampleable": self.sampler is not None,
+                                      "sampleable": self.engine.sampler is not None,
                                       "max_context_length": self.config.server.max_length}]}
 
     def check_base_model(self, base_model: str | None) -> None:
