@@ -21,3 +21,8 @@ def register_kernels():
 @hookimpl
 def register_losses():
     return {"LigerFusedLinearCrossEntropyLoss": "twinkle_hf.kernels.fused_ce_loss:LigerFusedLinearCrossEntropyLoss"}
+
+
+@hookimpl
+def register_samplers():
+    return {"TorchSampler": "twinkle_hf.sampler:TorchSampler", "VLLMSampler": "twinkle_hf.sampler:VLLMSampler"}

@@ -8,6 +8,10 @@ Packed (``padding_free=True``): every row concatenated into one row of shape ``(
 convention of HF's ``DataCollatorWithFlattening``, which transformers turns into per-sequence
 attention (varlen FlashAttention, or a block-diagonal mask for sdpa/eager). The first label of
 every sequence is -100 so no position learns to predict across a sequence boundary.
+
+Per-token fields of RL rows (:data:`TOKEN_FIELDS`: ``target_tokens``, ``weights``, sampling
+``logprobs``, ``advantages``, ``ref_logprobs``, one value per input token) are padded with 0 or
+concatenated the same way, so rollouts batch like SFT rows.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from twinkle.dataset.errors import DataError
 
 IGNORE_INDEX = -100
 PADDING_SIDES = ("right", "left")
+#: per-token fields carried along input_ids (padding value 0); the others are floats
+TOKEN_FIELDS = ("target_tokens", "weights", "logprobs", "advantages", "ref_logprobs")
+_INT_FIELDS = ("target_tokens",)
 
 
 class InputProcessor:
@@ -54,6 +61,7 @@ class InputProcessor:
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         seqs = self._check(rows)
         batch = self._pack(seqs) if self.padding_free else self._pad(seqs)
+        batch.update(self._token_fields(rows, [len(ids) for ids, _ in seqs]))
         if self.device is not None:
             batch = {k: v.to(self.device) for k, v in batch.items()}
         return batch
@@ -79,6 +87,31 @@ class InputProcessor:
         if len({labels is None for _, labels in seqs}) > 1:
             raise DataError("some rows of the batch have labels and some do not; encode them the same way.")
         return seqs
+
+    def _token_fields(self, rows: Sequence[Mapping[str, Any]], lengths: list[int]) -> dict[str, Any]:
+        """The rows' per-token fields, padded like input_ids (0) or concatenated when packing."""
+        import torch
+
+        present = [tuple(k for k in TOKEN_FIELDS if k in row) for row in rows]
+        if len(set(present)) > 1:
+            raise DataError(f"rows of the batch carry different per-token fields ({sorted(set(present))}); give every "
+                            "row the same ones.")
+        width = max(lengths)
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        out = {}
+        for key in present[0]:
+            cols = []
+            for i, (row, n) in enumerate(zip(rows, lengths)):
+                values = row[key].tolist() if hasattr(row[key], "tolist") else list(row[key])
+                if len(values) != n:
+                    raise DataError(f"row {i}: {len(values)} values of {key!r} for {n} input_ids (one per token).")
+                pad = [0] * (0 if self.padding_free else width - n)
+                cols.append(values + pad if self.padding_side == "right" else pad + values)
+            if self.padding_free:
+                cols = [[v for col in cols for v in col]]
+            out[key] = torch.tensor(cols, dtype=torch.long if key in _INT_FIELDS else torch.float32)
+        return out
 
     def _pad(self, seqs: list[tuple[list[int], list[int] | None]]) -> dict[str, Any]:
         import torch

@@ -144,6 +144,59 @@ class Template:
             results.append(self._finish(ids, labeler(trained), index))
         return results
 
+    # ------------------------------------------------------- RL prompts and preference pairs
+    def encode_prompt(self, row: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """A prompt for sampling: the conversation rendered with the generation prompt (the assistant turn opened).
+
+        ``row`` is ``{'messages': [...]}`` (optionally ``tools``) or a bare message list ending with a user
+        (or tool) turn. Returns ``{'input_ids', 'length'}``.
+        """
+        messages = list(row.get("messages") or []) if isinstance(row, Mapping) else list(row)
+        tools = row.get("tools") if isinstance(row, Mapping) else None
+        if not messages or not isinstance(messages[-1], Mapping) or messages[-1].get("role") == "assistant":
+            raise DataError("encode_prompt needs messages ending with a user (or tool) turn, the one to answer; got "
+                            f"{[m.get('role') if isinstance(m, Mapping) else type(m).__name__ for m in messages]}.")
+        # validate as a conversation with an (empty) answer, then render without it
+        conv = self._conversation({"messages": [*messages, {"role": "assistant", "content": ""}], "tools": tools}, 0)
+        text = self._renderer(conv.tools, self.conversation_kwargs(conv))([conv.messages[:-1]], True)[0]
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return {"input_ids": ids, "length": len(ids)}
+
+    def encode_preference(self, row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(chosen, rejected) encoded rows sharing the prompt; only each final answer is trained.
+
+        ``row``: ``messages`` (or ``prompt``: a message list or a user string) and ``chosen`` / ``rejected``
+        (a string, an assistant message, or a one-message list). Feed the pair as two consecutive rows to a
+        preference loss (``dpo``, ``ipo``, ``simpo``, ``orpo``).
+        """
+        prompt = row.get("messages", row.get("prompt"))
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        if not isinstance(prompt, Sequence) or not prompt:
+            raise DataError(f"a preference row needs 'messages' (or 'prompt'), got fields {sorted(row)}.")
+        prompt = [{**m, "loss": False} if isinstance(m, Mapping) and m.get("role") == "assistant" else m
+                  for m in prompt]
+        answers = []
+        for key in ("chosen", "rejected"):
+            answer = row.get(key)
+            if isinstance(answer, Sequence) and not isinstance(answer, str) and len(answer) == 1:
+                answer = answer[0]
+            if isinstance(answer, Mapping):
+                answer = answer.get("content")
+            if not isinstance(answer, str):
+                raise DataError(f"a preference row needs '{key}' as a string or an assistant message, got "
+                                f"{type(row.get(key)).__name__}.")
+            answers.append({"messages": [*prompt, {"role": "assistant", "content": answer, "loss": True}],
+                            "tools": row.get("tools")})
+        (chosen, why_c), (rejected, why_r) = self.batch_encode(answers)
+        if chosen is None or rejected is None:
+            raise DataError(f"the preference pair could not be encoded: {why_c or why_r}.")
+        start = [next(i for i, label in enumerate(e["labels"]) if label != IGNORE_INDEX) for e in (chosen, rejected)]
+        if start[0] != start[1] or chosen["input_ids"][:start[0]] != rejected["input_ids"][:start[1]]:
+            raise DataError("the chosen and rejected answers render different prompts with this chat template; a "
+                            "preference pair must share its prompt tokens.")
+        return chosen, rejected
+
     def _tokenize(self, texts: list[str]) -> list[tuple[list[int], Any]]:
         """(ids, spans -> labels) per text. Uses the Rust tokenizer directly when the HF wrapper adds nothing
         (no truncation/padding configured on it): one batch call, labels in O(spans)."""

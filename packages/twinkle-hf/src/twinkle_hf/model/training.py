@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from twinkle.loss import CrossEntropyLoss, InfoNCELoss, Loss
+from twinkle.loss import CrossEntropyLoss, InfoNCELoss, Loss, TokenOutputs
+from twinkle.loss.token_inputs import needs_reference, reference_logprobs
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.remote import remote_function
 from twinkle_hf.model.inputs import collate, count_tokens, to_device
@@ -107,6 +109,8 @@ class TrainingMixin:
         if self.model.training != training:
             self.model.train(training)
         self._activate(group)
+        if task == "causal_lm" and needs_reference(group.loss, batch):
+            batch = {**batch, "ref_logprobs": self._reference_logprobs(group, batch)}
         if training:
             self._set_grad_sync(group)
         with self.precision.autocast():
@@ -128,6 +132,8 @@ class TrainingMixin:
             raise TypeError(f"The loss {type(loss_fn).__name__} returned {type(total).__name__}; "
                             "a loss must return a scalar tensor.")
         group.record_loss(total.reshape(()), items, group.last_is_training)
+        outputs = getattr(loss_fn, "last_outputs", None)
+        self._loss_outputs()[group.name] = outputs if isinstance(outputs, TokenOutputs) else None
         counts = getattr(loss_fn, "last_token_counts", None)  # a fused CE loss counts correct tokens itself
         if counts is not None:
             for metric in group.train_metrics if group.last_is_training else group.eval_metrics:
@@ -136,6 +142,48 @@ class TrainingMixin:
         if not group.last_is_training:
             group.last_outputs = None  # an evaluation loss has no backward: free the logits now
         return group.last_loss, items
+
+    # ------------------------------------------------------- RL: reference and loss outputs
+    @remote_function(collect="flatten")
+    def get_loss_outputs(self, *, adapter_name: str | None = None) -> list[dict[str, torch.Tensor]]:
+        """Per-sample outputs of the group's last loss (Tinker's ``loss_fn_outputs``), in batch order.
+
+        Each dict holds ``logprobs``: the log-probability of every target token of the sample (one per
+        input position of the sample, padding excluded), plus per-sequence values the loss adds
+        (``reward`` for preference losses). Empty when the last loss computes none (``CrossEntropyLoss``;
+        use ``'cross_entropy'`` for SFT with log-probabilities). Under torchrun each rank returns its own.
+        """
+        group = self._group(adapter_name)
+        outputs = self._loss_outputs().get(group.name)
+        return outputs.per_sample() if outputs is not None else []
+
+    def _loss_outputs(self) -> dict[str, TokenOutputs | None]:
+        if "_last_loss_outputs" not in self.__dict__:
+            self._last_loss_outputs: dict[str, TokenOutputs | None] = {}
+        return self._last_loss_outputs
+
+    def _reference_logprobs(self, group: OptimizerGroup, batch: dict[str, Any]) -> torch.Tensor:
+        """``ref_logprobs`` from a no-grad, eval-mode forward of the reference policy (adapters disabled)."""
+        training = self.model.training
+        try:
+            self.model.train(False)
+            with torch.no_grad(), self._reference_mode(group), self.precision.autocast():
+                outputs = self._run_task_unwrapped("causal_lm", batch, None)
+            return reference_logprobs(batch, outputs.logits)
+        finally:
+            self.model.train(training)
+
+    @contextmanager
+    def _reference_mode(self, group: OptimizerGroup) -> Any:
+        """The reference policy: the base model under the group's LoRA adapter, which is switched off."""
+        if not group.is_adapter:
+            raise ValueError(
+                f"The loss of group {group.name!r} needs reference log-probabilities (a KL penalty or DPO) but the "
+                "group trains the full model, so the reference would be a second, frozen copy: compute them with "
+                "TorchSampler(reference_model).compute_logprobs(...) and put them in the batch as 'ref_logprobs', "
+                "or train a LoRA adapter (its reference is the base model, no copy).")
+        with self.model.disable_adapter():
+            yield
 
     def _pad_token_id(self, group: OptimizerGroup) -> int:
         """Padding id for the default processor: the template's tokenizer, else the model config, else 0."""

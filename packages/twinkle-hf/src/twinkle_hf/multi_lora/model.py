@@ -12,6 +12,8 @@ accumulation). Every public method runs under the manager's lock, so threads tak
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +166,12 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
         self._check_length(batch)
         with self.slots.route([Route(self.slots.specs[group.name])]):
             return super()._forward(group, batch, task, training, kwargs)
+
+    @contextmanager
+    def _reference_mode(self, group: OptimizerGroup) -> Iterator[None]:
+        """The reference policy is the shared base: a route with no tenant adds no LoRA."""
+        with self.slots.route([]):
+            yield
 
     def backward(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         group = self._group(adapter_name)  # the route also serves gradient-checkpointing recomputes

@@ -1,0 +1,9 @@
+"""Advantage estimators: per-sample rewards -> per-sample advantages, registered by name.
+
+Samples come in consecutive groups of ``group_size`` completions of one prompt (the order a sampler
+returns them in). Each estimator is a plain function; ``resolve('advantage', 'grpo')`` returns it.
+"""
+
+from twinkle.advantage.estimators import grpo, reward_minus_baseline, rloo
+
+__all__ = ["grpo", "reward_minus_baseline", "rloo"]

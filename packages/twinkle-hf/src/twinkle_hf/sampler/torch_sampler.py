@@ -1,0 +1,217 @@
+"""TorchSampler: HF ``generate`` with a KV cache on a TransformersModel's own weights (no copy, no sync).
+
+Prompts are left-padded into one batch per adapter; a MultiLoraTransformersModel samples every
+tenant of a request in one batch, each row range routed through its tenant's slot. Each prompt is
+repeated ``n`` times (rows ``i*n .. i*n+n-1``), so greedy decoding and routes need nothing special.
+``logprobs`` are read from the raw logits (before temperature and filters): the model's own
+distribution, what :meth:`compute_logprobs` and the policy-gradient losses compute. The model's
+hub ``generation_config`` (repetition penalties, default top-k...) is set aside during a call: only
+the request's :class:`~twinkle.sampler.SamplingParams` shape the sampling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from twinkle.loss.token_inputs import gather_logprobs
+from twinkle.model.optimizer_group import OptimizerGroup
+from twinkle.sampler import Sampler, SampleResult, SamplingParams, as_prompts, per_prompt_adapters
+from twinkle.sampler.base import Adapters, Prompts
+from twinkle.sampler.stops import finish
+
+
+class TorchSampler(Sampler):
+    """Sampling and scoring on ``model`` (a ``TransformersModel`` or ``MultiLoraTransformersModel``).
+
+    ``tokenizer`` decodes samples (``text``) and serves stop strings; by default the tokenizer of a
+    template set on the model, else none.
+    """
+
+    def __init__(self, model: Any, *, tokenizer: Any = None) -> None:
+        if not hasattr(model, "optimizer_group") or not hasattr(model, "_run_task_unwrapped"):
+            raise TypeError(f"TorchSampler samples on a TransformersModel or MultiLoraTransformersModel, got "
+                            f"{type(model).__name__}.")
+        self.model = model
+        self._tokenizer = tokenizer
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            for group in self.model.optimizer_group.values():
+                if group.template is not None:
+                    return group.template.tokenizer
+        return self._tokenizer
+
+    def sample(self, prompts: Prompts, sampling_params: SamplingParams | None = None, *,
+               adapter_name: Adapters = None) -> list[SampleResult]:
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a twinkle.sampler.SamplingParams, got {type(params).__name__}.")
+        prompts = as_prompts(prompts)
+        groups = self._groups(adapter_name, len(prompts))
+        self._check_length(max(map(len, prompts)) + params.max_tokens)
+        results: list[SampleResult | None] = [None] * len(prompts)
+        with self._inference():
+            for indices in self._batches(groups):
+                rows = [prompts[i] for i in indices for _ in range(params.n)]
+                row_groups = [groups[i] for i in indices for _ in range(params.n)]
+                sequences = self._generate(rows, row_groups, params)
+                for k, i in enumerate(indices):
+                    results[i] = SampleResult(prompts[i], sequences[k * params.n:(k + 1) * params.n],
+                                              self._public_name(groups[i]))
+        return results
+
+    def compute_logprobs(self, sequences: Prompts, *, adapter_name: Adapters = None,
+                         reference: bool = False) -> list[list[float | None]]:
+        sequences = as_prompts(sequences, "sequences")
+        groups = self._groups(adapter_name, len(sequences))
+        self._check_length(max(map(len, sequences)))
+        out: list[list[float | None] | None] = [None] * len(sequences)
+        with self._inference():
+            for indices in self._batches(groups, reference):
+                rows = [sequences[i] for i in indices]
+                values = self._score(rows, [groups[i] for i in indices], reference)
+                for i, row_values in zip(indices, values):
+                    out[i] = row_values
+        return out
+
+    def sync_weights(self, model: Any = None, *, adapter_name: str | None = None) -> None:
+        """Nothing to do: the sampler reads the training model's parameters directly."""
+        if model is not None and model is not self.model:
+            raise ValueError("This TorchSampler samples on its own model's weights; sync_weights(model) with another "
+                             "model would change nothing. Build a TorchSampler for that model instead.")
+
+    # ------------------------------------------------------------------ batches and adapters
+    def _groups(self, adapter_name: Adapters, count: int) -> list[OptimizerGroup]:
+        return [self.model._group(name) for name in per_prompt_adapters(adapter_name, count)]
+
+    def _public_name(self, group: OptimizerGroup) -> str | None:
+        multi = getattr(self.model, "multi_lora", None)
+        if multi is not None:
+            return multi.resolve(group.name).tenant_adapter_name
+        return group.name if group.is_adapter else None
+
+    def _multi(self) -> bool:
+        return getattr(self.model, "slots", None) is not None
+
+    def _batches(self, groups: list[OptimizerGroup], reference: bool = False) -> list[list[int]]:
+        """Prompt indices per forward batch: all at once for slots (or the shared reference), else per adapter."""
+        if self._multi() or reference:
+            return [sorted(range(len(groups)), key=lambda i: groups[i].name)]
+        order: dict[str, list[int]] = {}
+        for i, group in enumerate(groups):
+            order.setdefault(group.name, []).append(i)
+        return list(order.values())
+
+    @contextmanager
+    def _adapters(self, groups: Sequence[OptimizerGroup], reference: bool) -> Iterator[None]:
+        """Rows run through their group's adapter (or the reference policy): slot routes or peft's active adapter."""
+        if reference:
+            with self.model._reference_mode(groups[0]):
+                yield
+            return
+        if self._multi():
+            from twinkle_hf.multi_lora.slots import Route
+
+            routes, start = [], 0
+            for k in range(1, len(groups) + 1):
+                if k == len(groups) or groups[k].name != groups[start].name:
+                    routes.append(Route(self.model.slots.specs[groups[start].name], start, k))
+                    start = k
+            with self.model.slots.route(routes):
+                yield
+            return
+        self.model._activate(groups[0])
+        yield
+
+    @contextmanager
+    def _inference(self) -> Iterator[None]:
+        """Eval mode without gradients, under the model's lock when it has one; the training mode is restored."""
+        lock = getattr(getattr(self.model, "multi_lora", None), "lock", None)
+        with lock if lock is not None else nullcontext():
+            module = self.model.model
+            training = module.training
+            module.train(False)
+            try:
+                with torch.no_grad():
+                    yield
+            finally:
+                module.train(training)
+
+    def _check_length(self, tokens: int) -> None:
+        limit = getattr(self.model, "max_length", None)
+        if limit is not None and tokens > limit:
+            raise ValueError(f"Prompt plus max_tokens reach {tokens} tokens but the model was built with "
+                             f"max_length={limit}; shorten the prompts or lower max_tokens.")
+
+    # ------------------------------------------------------------------ generation
+    def _eos_ids(self) -> list[int]:
+        hf = self.model._hf_model()
+        for source in (hf.generation_config, hf.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            if value is not None:
+                return [value] if isinstance(value, int) else [int(v) for v in value]
+        return []
+
+    def _generate(self, rows: list[list[int]], groups: list[OptimizerGroup], params: SamplingParams) -> list[Any]:
+        model, device = self.model, self.model.device
+        pad = model._pad_token_id(groups[0])
+        width = max(map(len, rows))
+        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+        attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+        stop_ids = params.stop_token_ids(self._eos_ids())
+        options: dict[str, Any] = dict(max_new_tokens=params.max_tokens, pad_token_id=pad, do_sample=not params.greedy,
+                                       eos_token_id=stop_ids or None, output_logits=True, return_dict_in_generate=True)
+        if not params.greedy:
+            options.update(temperature=float(params.temperature), top_p=float(params.top_p),
+                           top_k=params.top_k_or_none or 0)
+        extra: dict[str, Any] = {}
+        if params.stop_strings and self.tokenizer is not None:
+            extra = dict(stop_strings=params.stop_strings, tokenizer=self.tokenizer)
+        hf = model._hf_model()
+        saved_config = hf.generation_config
+        rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else []) \
+            if params.seed is not None else nullcontext()
+        with ExitStack() as stack:
+            stack.enter_context(rng)
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            stack.enter_context(self._adapters(groups, reference=False))
+            stack.enter_context(model.precision.autocast())
+            hf.generation_config = GenerationConfig()  # only the request's parameters shape the sampling
+            try:
+                out = model.model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                           generation_config=GenerationConfig(**options),
+                                           synced_gpus=bool(model.dist_plan.sharded), **extra)
+            finally:
+                hf.generation_config = saved_config
+        generated = out.sequences[:, width:]
+        logprobs = gather_logprobs(torch.stack(out.logits, dim=1)[:, :generated.shape[1]], generated)
+        decode = self._decoder()
+        return [finish(tokens, values, stop_ids, params.stop_strings, decode)
+                for tokens, values in zip(generated.tolist(), logprobs.tolist())]
+
+    def _decoder(self) -> Any:
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            return None
+        return lambda tokens: tokenizer.decode(tokens, skip_special_tokens=False)
+
+    # ------------------------------------------------------------------ scoring
+    def _score(self, rows: list[list[int]], groups: list[OptimizerGroup], reference: bool) -> list[list[float | None]]:
+        model = self.model
+        pad = model._pad_token_id(groups[0])
+        width = max(map(len, rows))
+        batch = {"input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=model.device),
+                 "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows],
+                                                device=model.device)}
+        with self._adapters(groups, reference), model.precision.autocast():
+            logits = model._run_task_unwrapped("causal_lm", batch, None).logits
+        values = gather_logprobs(logits[:, :-1], batch["input_ids"][:, 1:]).tolist()
+        return [[None] + values[k][:len(r) - 1] for k, r in enumerate(rows)]
