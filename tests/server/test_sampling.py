@@ -63,7 +63,7 @@ def test_samples_carry_the_logprobs_that_scoring_the_same_sequence_gives(server,
     path = training.save_weights_for_sampler("for-sampling").result().path
     named = alice.create_sampling_client(model_path=path).result()
     scored_named = named.compute_logprobs(types.ModelInput.from_ints(prompt + result.sequences[0].tokens)).result()
-    np.testing.assert_allclose(scored_named, scored_new, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(scored_named[1:], scored_new[1:], rtol=1e-5, atol=1e-5)
     base = alice.create_sampling_client(base_model=BASE_MODEL).result()
     base_sample = base.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences[0]
     base_scored = base.compute_logprobs(types.ModelInput.from_ints(prompt + base_sample.tokens)).result()

@@ -13,6 +13,7 @@ optim_step (AdamParams)           ``set_optimizer_params(lr, betas, eps, weight_
                                   ``clip_grad_norm`` + ``step`` + ``zero_grad`` + ``lr_step``
 save_weights / _for_sampler       ``save(name, dir, save_optimizer=...)``
 load_weights                      ``resume_from_checkpoint(dir, resume_only_model=not optimizer)``
+                                  (+ a fresh ``set_optimizer`` when the optimizer state is not loaded)
 create from a checkpoint          ``load_lora(tenant, dir)`` (+ the optimizer state as above)
 sample / compute_logprobs         ``Sampler.sample`` / ``compute_logprobs`` (``TorchSampler`` on the
                                   same model) with the tenant's name, or a spare slot holding saved weights
@@ -175,8 +176,11 @@ class Engine:
                         save_optimizer=optimizer)
 
     def load(self, model_id: str, directory: Path, optimizer: bool) -> None:
-        self.model.resume_from_checkpoint(str(directory), resume_only_model=not optimizer,
-                                          adapter_name=tenant_name(model_id))
+        """The checkpoint's weights and optimizer state -- or, without it, a fresh optimizer (Tinker's load_state)."""
+        tenant = tenant_name(model_id)
+        self.model.resume_from_checkpoint(str(directory), resume_only_model=not optimizer, adapter_name=tenant)
+        if not optimizer:
+            self._set_optimizer(tenant)
         self.weights_version[model_id] = self.weights_version.get(model_id, 0) + 1
 
     # --------------------------------------------------------------- sampling
