@@ -16,13 +16,16 @@ from typing import Any
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from twinkle.loss import CrossEntropyLoss, Loss
+from twinkle.loss import CrossEntropyLoss, Loss, TokenOutputs
+from twinkle.loss.token_inputs import needs_reference
+from twinkle.processor.input_processor import TOKEN_FIELDS
 from twinkle_hf.model.inputs import collate, count_tokens, to_device
 from twinkle_hf.model.tasks import run_task
 from twinkle_hf.multi_lora.slots import Route
 
-#: Keys stacked across tenants, with their padding value.
-_PAD = {"input_ids": None, "attention_mask": 0, "labels": -100, "position_ids": 0}
+#: Keys stacked across tenants, with their padding value (RL rows add their per-token fields, padded with 0).
+_PAD = {"input_ids": None, "attention_mask": 0, "labels": -100, "position_ids": 0,
+        **{key: 0 for key in TOKEN_FIELDS}}
 
 
 class BatchedMixin:
@@ -48,6 +51,8 @@ class BatchedMixin:
                        for t, b in inputs.items()}
             merged, ranges = _stack(batches, {t: self._pad_token_id(g) for t, g in groups.items()})
             self._check_length(merged)
+            if any(needs_reference(groups[t].loss, batches[t]) for t in inputs):  # one base forward serves all
+                merged["ref_logprobs"] = self._reference_logprobs(next(iter(groups.values())), merged)
             routes = [Route(self.slots.specs[groups[t].name], start, stop) for t, (start, stop) in ranges.items()]
             if not self.model.training:
                 self.model.train(True)
@@ -58,6 +63,9 @@ class BatchedMixin:
                     sub_inputs = {k: v[start:stop] for k, v in merged.items()}
                     sub_outputs = CausalLMOutputWithPast(logits=outputs.logits[start:stop])
                     loss, items = _loss(groups[t], sub_inputs, sub_outputs)
+                    kept_outputs = getattr(groups[t].loss, "last_outputs", None)
+                    self._loss_outputs()[groups[t].name] = kept_outputs if isinstance(kept_outputs, TokenOutputs) \
+                        else None
                     value, count = self._global_items(loss, items)
                     losses[t] = (sub_inputs, sub_outputs, loss, items, value, count)
                 total, kept = None, {}

@@ -92,6 +92,7 @@ class AdapterVersion:
 
     lora_id: int
     path: str
+    written_here: bool = False  # files sync_weights wrote (removed once superseded); a user's directory is kept
 
 
 class VLLMSampler(Sampler):
@@ -112,7 +113,6 @@ class VLLMSampler(Sampler):
         self.engine_kwargs = {"model": model_id, "enable_lora": True, "max_loras": max_loras,
                               "max_lora_rank": max_lora_rank, **engine_kwargs}
         self._engine = engine
-        self._own_dir = adapter_dir is None
         self.adapter_dir = Path(adapter_dir or tempfile.mkdtemp(prefix="twinkle-vllm-adapters-"))
         self.adapters: dict[str, AdapterVersion] = {}
         self._ids = itertools.count(1)
@@ -167,21 +167,23 @@ class VLLMSampler(Sampler):
             name = adapter_name if adapter_name is not None else group.name
             version = next(self._ids)
             path = model.save(f"{name}-v{version}", output_dir=str(self.adapter_dir), adapter_name=adapter_name)
-            self.sync_adapter(name, path, lora_id=version)
+            self.sync_adapter(name, path, lora_id=version, _written_here=True)
         else:
             self.load_weights(model.get_state_dict(adapter_name=adapter_name).items())
 
-    def sync_adapter(self, name: str, path: str | Path, *, lora_id: int | None = None) -> None:
+    def sync_adapter(self, name: str, path: str | Path, *, lora_id: int | None = None,
+                     _written_here: bool = False) -> None:
         """Serve the PEFT adapter in ``path`` as ``name`` from now on (a new LoRA id; the old version is dropped)."""
         if not (Path(path) / "adapter_config.json").is_file():
             raise FileNotFoundError(f"{str(path)!r} is not a PEFT adapter directory (no adapter_config.json).")
         old = self.adapters.get(name)
-        self.adapters[name] = AdapterVersion(lora_id if lora_id is not None else next(self._ids), str(path))
+        self.adapters[name] = AdapterVersion(lora_id if lora_id is not None else next(self._ids), str(path),
+                                             _written_here)
         if old is not None:
             remove = getattr(getattr(self.engine, "llm_engine", None), "remove_lora", None)
             if remove is not None:
                 remove(old.lora_id)
-            if self._own_dir and Path(old.path).is_relative_to(self.adapter_dir):
+            if old.written_here:
                 shutil.rmtree(old.path, ignore_errors=True)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:

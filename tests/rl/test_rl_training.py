@@ -1,0 +1,134 @@
+"""RL and preference losses inside TransformersModel: exact under accumulation, padded or packed, with the
+reference computed from the base (adapters off), and each sample's target log-probabilities handed back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_testing import make_model
+from peft import LoraConfig
+
+from twinkle.processor import InputProcessor
+from twinkle.rollout import Rollout
+from twinkle.sampler import SamplingParams
+from twinkle_hf.sampler import TorchSampler
+
+
+def _lora_model(seed: int = 0):
+    model = make_model(seed=seed)
+    torch.manual_seed(seed + 1)
+    model.add_adapter_to_model("policy", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+                                                    init_lora_weights=False))
+    return model
+
+
+def _rollouts(seed: int, count: int = 3) -> list[Rollout]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        p, c = int(torch.randint(2, 6, (1,), generator=gen)), int(torch.randint(2, 7, (1,), generator=gen))
+        mask = (torch.rand(c, generator=gen) > 0.2).long().tolist()
+        mask[0] = 1
+        out.append(Rollout(torch.randint(3, 120, (p,), generator=gen).tolist(),
+                           torch.randint(3, 120, (c,), generator=gen).tolist(),
+                           (-torch.rand(c, generator=gen) * 5).tolist(), float(torch.randn(1, generator=gen)),
+                           mask=mask))
+    return out
+
+
+def _pairs(seed: int, count: int = 2) -> list[dict]:
+    """Preference rows in twinkle's label layout: (chosen, rejected) sharing a prompt."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(count):
+        prompt = torch.randint(3, 120, (int(torch.randint(2, 5, (1,), generator=gen)),), generator=gen).tolist()
+        for _ in range(2):
+            answer = torch.randint(3, 120, (int(torch.randint(2, 6, (1,), generator=gen)),), generator=gen).tolist()
+            rows.append({"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer})
+    return rows
+
+
+def _train(model, batches, loss, accumulation, **options):
+    model.set_loss(loss, adapter_name="policy", **options)
+    model.set_optimizer("SGD", lr=0.5, adapter_name="policy")
+    for batch in batches:
+        model.forward_backward(inputs=batch, adapter_name="policy", gradient_accumulation_steps=accumulation)
+        model.clip_grad_and_step(max_grad_norm=1e9, adapter_name="policy")
+    return {k: v.detach().clone() for k, v in model.get_state_dict(adapter_name="policy").items()}
+
+
+CASES = [("ppo", {}, _rollouts), ("grpo", {"beta": 0.2}, _rollouts), ("bnpo", {}, _rollouts),
+         ("dr_grpo", {"max_tokens": 8}, _rollouts), ("gspo", {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0},
+                                                     _rollouts),
+         ("dpo", {"beta": 0.5}, _pairs), ("orpo", {}, _pairs)]
+
+
+@pytest.mark.parametrize("loss,options,make", CASES, ids=[c[0] for c in CASES])
+def test_accumulation_equals_one_big_batch(loss, options, make):
+    micro = [make(10), make(11, 1 if make is _pairs else 2), make(12)]
+    accumulated = _train(_lora_model(), micro, loss, accumulation=3, **options)
+    single = _train(_lora_model(), [[row for batch in micro for row in batch]], loss, accumulation=1, **options)
+    initial = _lora_model().get_state_dict(adapter_name="policy")
+    for key in single:
+        torch.testing.assert_close(accumulated[key], single[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert any(not torch.equal(single[k], initial[k]) for k in single)
+
+
+@pytest.mark.parametrize("loss,options,make", [CASES[1], CASES[5]], ids=["grpo", "dpo"])
+def test_packed_rows_give_the_padded_gradient(loss, options, make):
+    padded = _train(_lora_model(), [make(20)], loss, accumulation=1, **options)
+    model = _lora_model()
+    model.set_processor(InputProcessor(padding_free=True), adapter_name="policy")
+    packed = _train(model, [make(20)], loss, accumulation=1, **options)
+    for key in padded:
+        torch.testing.assert_close(packed[key], padded[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_loss_outputs_are_the_samplers_logprobs_and_on_policy_ppo_is_minus_the_advantage_sum():
+    model = _lora_model()
+    sampler = TorchSampler(model)
+    results = sampler.sample([[5, 6, 7], [9, 10]], SamplingParams(max_tokens=5, n=2, seed=0, stop=[]),
+                             adapter_name="policy")
+    advantages = [1.0, -0.5, 0.25, 2.0]
+    rollouts = [Rollout(r.prompt, s.tokens, s.logprobs, a)
+                for (r, s), a in zip([(r, s) for r in results for s in r.sequences], advantages)]
+    model.set_loss("ppo", adapter_name="policy")
+    reported = model.forward_backward(inputs=rollouts, adapter_name="policy")
+    assert reported == pytest.approx(-sum(a * 5 for a in advantages), abs=1e-4)  # ratio 1 on every token
+    outputs = model.get_loss_outputs(adapter_name="policy")
+    scored = sampler.compute_logprobs([r.sequence for r in rollouts], adapter_name="policy")
+    assert len(outputs) == len(rollouts)
+    for rollout, out, values in zip(rollouts, outputs, scored):
+        assert out["logprobs"].shape == (len(rollout.sequence) - 1,)
+        torch.testing.assert_close(out["logprobs"], torch.tensor(values[1:]), rtol=0, atol=1e-5)
+
+
+def test_model_reference_equals_the_samplers_reference_logprobs():
+    rollouts = _rollouts(30)
+    auto = _train(_lora_model(), [rollouts], "grpo", accumulation=1, beta=0.3)
+    model = _lora_model()
+    ref = TorchSampler(model).compute_logprobs([r.sequence for r in rollouts], adapter_name="policy", reference=True)
+    explicit = [{**dict(r), "ref_logprobs": values[1:]} for r, values in zip(rollouts, ref)]
+    given = _train(model, [explicit], "grpo", accumulation=1, beta=0.3)
+    for key in auto:
+        torch.testing.assert_close(auto[key], given[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_full_model_reference_needs_a_second_model():
+    model = make_model(seed=0)
+    model.set_loss("dpo")
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        model.forward_backward(inputs=_pairs(1))
+
+
+def test_evaluation_reports_preference_rewards():
+    model = _lora_model()
+    model.set_loss("simpo", adapter_name="policy")
+    model.forward_only(inputs=_pairs(3, 3), adapter_name="policy")
+    loss = model.calculate_loss(adapter_name="policy")
+    outputs = model.get_loss_outputs(adapter_name="policy")
+    assert len(outputs) == 6 and all("reward" in o for o in outputs) and loss > 0
+    model.set_loss("CrossEntropyLoss", adapter_name="policy")
+    model.forward_only(inputs=_pairs(3), adapter_name="policy")
+    model.calculate_loss(adapter_name="policy")
+    assert model.get_loss_outputs(adapter_name="policy") == []
