@@ -73,6 +73,16 @@ class Server:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def restart(self) -> None:
+        """Start again on the same work dir and port (clients keep their URL); the old process must be gone."""
+        assert not self.alive()
+        again = start_server(self.work_dir, self.keys_file, self.keys, [*self.options, "--server.port", str(self.port)])
+        self.url, self.proc, self.log = again.url, again.proc, again.log
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)

@@ -63,6 +63,9 @@ class Service(CheckpointOps, SamplingOps):
                            lost)
         self.store.touch_all_sessions()
         for row in self.store.models(states=("active", "restored")):
+            if self.store.session(row["session_id"], row["owner"])["finished"]:  # its unload was lost
+                self.store.set_model_state(row["id"], "unloaded")
+                continue
             try:
                 self.engine.create(row["id"], row["lora"])
             except Exception as exc:  # noqa: BLE001 - e.g. fewer slots than before
