@@ -126,6 +126,9 @@ def serve(config: ServerConfig) -> int:
     finally:
         stop.set()
         service.stop()
+        from twinkle.trainer import _infra
+
+        _infra.shutdown(_trainer_view(config))  # ray mode: the model actors (and a Ray it started) stop
     return 0
 
 
