@@ -31,7 +31,7 @@ BASE_MODEL = "twinkle://tiny-qwen"
 ALL_LAYERS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
 #: Options of the shared server: small limits so the limit tests are cheap.
 SHARED_OPTIONS = ["--server.max-tenants", "6", "--server.max-rank", "16", "--server.max-request-mb", "0.25",
-                  "--server.max-length", "256", "--server.seed", "0"]
+                  "--server.max-length", "256", "--server.seed", "0", "--server.batch-window-ms", "500"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

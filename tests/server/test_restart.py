@@ -28,20 +28,23 @@ def _steps(training, datums, n):
     return losses
 
 
-def _busy_step(model_id: str, seq_id: int) -> bytes:
-    """A forward_backward of ~14k tokens (just under the shared server's 0.25 MiB), to keep the worker busy."""
-    rng = np.random.default_rng(0)
+def _busy_forward(model_id: str, seq_id: int) -> bytes:
+    """A forward of ~14k tokens (just under the shared server's 0.25 MiB), to keep the worker busy a while."""
+    rng = np.random.default_rng(seq_id)
     data = [types.Datum(model_input=types.ModelInput.from_ints(rng.integers(3, 2000, 250).tolist()),
                         loss_fn_inputs={"target_tokens": rng.integers(3, 2000, 250).tolist(),
                                         "weights": [1.0] * 250}) for _ in range(56)]
-    return forward_backward_request_to_proto(types.ForwardBackwardRequest(
+    message = forward_backward_request_to_proto(types.ForwardBackwardRequest(
         forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"),
-        model_id=model_id, seq_id=seq_id)).SerializeToString()
+        model_id=model_id, seq_id=seq_id))
+    message.forward_only = True
+    return message.SerializeToString()
 
 
-def _queue_depth(server) -> int:
+def _queued(server, kind: str) -> int:
     text = server.http("alice").get("/metrics").text
-    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("twinkle_queue_depth")))
+    return next((int(line.split()[1]) for line in text.splitlines()
+                 if line.startswith(f'twinkle_queue_depth{{kind="{kind}"}}')), 0)
 
 
 def test_sigkill_restart_continues_from_the_saved_state(server):
@@ -52,15 +55,16 @@ def test_sigkill_restart_continues_from_the_saved_state(server):
     path = training.save_state("before-crash").result().path
     expected = _steps(training, datums, 2)  # what continuing from the checkpoint must give
 
-    # work in flight at the kill: a long step of another model, and this client's own step queued behind it
+    # work in flight at the kill: long forwards of another model, and this client's own step queued behind them
     other = client.create_lora_training_client(base_model=BASE_MODEL, rank=2).result()
     with server.http("alice") as http:
-        busy = http.post("/api/v1/forward_backward", content=_busy_step(other.model_id, 1),
-                         headers={"Content-Type": "application/x-protobuf"}).json()["request_id"]
+        busy = [http.post("/api/v1/forward_backward", content=_busy_forward(other.model_id, seq),
+                          headers={"Content-Type": "application/x-protobuf"}).json()["request_id"]
+                for seq in (1, 2, 3)]
     pending = training.forward_backward(datums, "cross_entropy")
-    deadline = time.monotonic() + 30
-    while _queue_depth(server) < 1:  # the client's request is queued behind the busy one
-        assert time.monotonic() < deadline, "the client's request never queued behind the busy step"
+    deadline = time.monotonic() + 60
+    while _queued(server, "forward_backward") < 1:  # the client's step waits behind the forwards
+        assert _queued(server, "forward") > 0 and time.monotonic() < deadline, "the forwards ended too soon"
         time.sleep(0.02)
     server.stop(signal.SIGKILL)
 
@@ -70,7 +74,7 @@ def test_sigkill_restart_continues_from_the_saved_state(server):
         pending.result(timeout=120)  # the client's own future: an error after the restart, not a hang
     print(f"the lost future answered {time.monotonic() - started:.1f}s after the restart")
     with server.http("alice") as http:
-        answer = http.post("/api/v1/retrieve_future", json={"request_id": busy}).json()
+        answer = http.post("/api/v1/retrieve_future", json={"request_id": busy[-1]}).json()
         assert answer["category"] == "server" and "lost" in answer["error"]
 
     # the old training client's model is back in a slot, but must load its state first

@@ -36,7 +36,7 @@ class ServiceConfig:
     lora_alpha: int = 32  # Tinker fixes alpha; scaling is lora_alpha / rank
     seed: int = 0  # seeds the base model's random init (twinkle:// assets) and the slots
     batching: bool = True  # run steps of several tenants queued together as one forward_backward_multi
-    batch_window_ms: float = 0.0  # with batching: how long a lone forward_backward waits for company
+    batch_window_ms: float = 20.0  # with batching: how long a lone step waits for other training tenants' steps
     max_request_mb: float = 64.0
     max_inflight_per_key: int = 64  # queued + running requests of one API key; more answer 429
     session_timeout_s: float = 600.0  # no heartbeat for this long: the session ends, its models unload; 0: never

@@ -33,6 +33,7 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.queue_depth = 0
+        self.queued: dict[str, int] = {}
         self.started = time.monotonic()
         self._tokens: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
         self._total_tokens: dict[str, int] = defaultdict(int)
@@ -78,14 +79,15 @@ class Metrics:
                     for kind, v in self._latency.items()}
 
     def snapshot(self, owner: str | None = None) -> dict[str, Any]:
-        return {"queue_depth": self.queue_depth, "tenants": self.tenant_rates(owner), "latency_s": self.latencies(),
-                "batched_steps": self.batched_steps, "batched_tenants": self.batched_tenants,
-                "requests": dict(self.requests)}
+        return {"queue_depth": self.queue_depth, "queued": dict(self.queued), "tenants": self.tenant_rates(owner),
+                "latency_s": self.latencies(), "batched_steps": self.batched_steps,
+                "batched_tenants": self.batched_tenants, "requests": dict(self.requests)}
 
     def prometheus(self, owner: str | None = None) -> str:
         """The snapshot in Prometheus' text exposition format."""
         snap = self.snapshot(owner)
         lines = ["# TYPE twinkle_queue_depth gauge", f"twinkle_queue_depth {snap['queue_depth']}",
+                 *(f'twinkle_queue_depth{{kind="{kind}"}} {n}' for kind, n in sorted(snap["queued"].items())),
                  "# TYPE twinkle_batched_steps_total counter", f"twinkle_batched_steps_total {snap['batched_steps']}",
                  "# TYPE twinkle_tenant_tokens_per_second gauge"]
         for model_id, rates in snap["tenants"].items():

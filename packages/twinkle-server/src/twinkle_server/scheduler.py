@@ -6,7 +6,9 @@ model's queue is therefore ordered by ``seq_id`` and its head runs only when it 
 (or after ``REORDER_WAIT_S``, so a lost request never blocks a model forever).
 
 Among the ready heads the oldest runs first; with batching on, every other ready head that is a
-forward_backward of another tenant joins it in one ``forward_backward_multi`` step. A failing
+forward_backward of another tenant joins it in one ``forward_backward_multi`` step. With a batch
+window, a lone forward_backward waits up to that long for company -- but only while other tenants
+are training (sent a forward_backward in the last ``ACTIVE_S`` seconds), so a single tenant never waits. A failing
 request fails its own future only; a failing batch is retried tenant by tenant (nothing is
 applied before the backward), so one tenant's bad request never costs another its step.
 """
@@ -17,6 +19,7 @@ import logging
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +31,8 @@ logger = logging.getLogger("twinkle_server")
 
 #: How long a model's queue waits for a missing earlier seq_id before running what it has.
 REORDER_WAIT_S = 10.0
+#: A tenant that sent a forward_backward this recently counts as training (worth waiting for, see batch window).
+ACTIVE_S = 5.0
 #: Errors that are the request's fault (the client gets category "user"); anything else is "server".
 USER_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, PermissionError)
 
@@ -60,6 +65,7 @@ class Scheduler:
         self._queues: dict[str, list[Work]] = {}
         self._next_seq: dict[str, int] = {}
         self._seen: dict[tuple[str, int], FutureRecord] = {}
+        self._last_step: dict[str, float] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="twinkle-server-worker", daemon=True)
 
@@ -85,14 +91,20 @@ class Scheduler:
         with self._cond:
             if work.model_id is not None and work.seq_id:
                 self._seen[(work.model_id, work.seq_id)] = work.future
+            if work.kind == "forward_backward":
+                self._last_step[key] = time.monotonic()
             queue = self._queues.setdefault(key, [])
             queue.append(work)
             queue.sort(key=lambda w: (w.seq_id or 0, w.enqueued))
-            self.metrics.queue_depth = self.depth()
+            self._count()
             self._cond.notify_all()
 
     def depth(self) -> int:
         return sum(len(q) for q in self._queues.values())
+
+    def _count(self) -> None:
+        self.metrics.queue_depth = self.depth()
+        self.metrics.queued = dict(Counter(w.kind for q in self._queues.values() for w in q))
 
     def expect(self, model_id: str, seq_id: int) -> None:
         """A new model's first request is ``seq_id`` (the client numbers from 1); later ones follow it."""
@@ -104,6 +116,7 @@ class Scheduler:
         """Drop the seq bookkeeping of an unloaded model."""
         with self._cond:
             self._next_seq.pop(model_id, None)
+            self._last_step.pop(model_id, None)
             for key in [k for k in self._seen if k[0] == model_id]:
                 del self._seen[key]
 
@@ -134,9 +147,7 @@ class Scheduler:
             first_key, first = ready[0]
             chosen = [(first_key, first)]
             if self.batching and first.kind == "forward_backward":
-                if self.batch_window_s and len(ready) == 1:
-                    self._cond.wait(timeout=self.batch_window_s)
-                    ready = self._ready(time.monotonic())
+                ready = self._wait_for_company(first_key, ready)
                 chosen += [(k, w) for k, w in ready if k != first_key and w.kind == "forward_backward"]
             for key, work in chosen:
                 self._queues[key].pop(0)
@@ -144,8 +155,24 @@ class Scheduler:
                     del self._queues[key]
                 if work.seq_id:
                     self._next_seq[key] = max(self._next_seq.get(key, 0), work.seq_id + 1)
-            self.metrics.queue_depth = self.depth()
+            self._count()
             return [w for _, w in chosen]
+
+    def _wait_for_company(self, key: str, ready: list[tuple[str, Work]]) -> list[tuple[str, Work]]:
+        """With a batch window: wait (up to it) until another training tenant's forward_backward is ready too."""
+        deadline = time.monotonic() + self.batch_window_s
+
+        def company(items: list[tuple[str, Work]]) -> bool:
+            return any(k != key and w.kind == "forward_backward" for k, w in items)
+
+        while not company(ready) and not self._stopping:
+            now = time.monotonic()
+            training = any(k != key and now - t < ACTIVE_S for k, t in self._last_step.items())
+            if not training or now >= deadline:
+                break
+            self._cond.wait(timeout=deadline - now)
+            ready = self._ready(time.monotonic())
+        return ready
 
     def _loop(self) -> None:
         while True:
