@@ -3,15 +3,17 @@
 For K = 1, 2, 4 clients (one API session and one LoRA tenant each) every client runs the same loop
 through the real ``tinker`` client: ``forward_backward`` (cross_entropy on ``--rows`` datums of
 ``--length`` tokens) + ``optim_step``, waiting for both, ``--steps`` times after one warm-up step.
-The same server runs twice, with ``--server.batching`` on (queued steps of several tenants run as
-one ``forward_backward_multi``) and off (one tenant per step). Reports total tokens/s, the
-batched/time-shared ratio, and p50/p95 of the client-side step latency (submit to result of a
-forward_backward + optim_step), as JSON. Not a test: nothing asserts.
+Two servers run side by side on the same model, one with ``--server.batching`` (queued steps of
+several tenants run as one ``forward_backward_multi``) and one without (one tenant per step); the
+runs alternate between them ``--repeats`` times and the median is kept, so a change of machine
+load hits both alike. Reports total tokens/s, the batched/time-shared ratio and p50/p95 of the
+client-side step latency (submit to result of a forward_backward + optim_step), as JSON. Not a
+test: nothing asserts.
 
-The base model is a ~20M-parameter Qwen2-style model with random weights written to a temporary
+The base model is a ~10M-parameter Qwen2-style model with random weights written to a temporary
 directory (``--model`` takes any other model id, e.g. ``twinkle://tiny-qwen``).
 
-    python bench/bench_server.py [--steps 6] [--rows 4] [--length 64] [--ks 1,2,4] [--model PATH]
+    python bench/bench_server.py [--steps 4] [--repeats 2] [--rows 4] [--length 64] [--ks 1,2,4] [--model PATH]
 """
 
 from __future__ import annotations
@@ -33,19 +35,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def write_model(directory: Path) -> str:
-    """A ~20M-parameter Qwen2-style model with random weights, saved like a hub checkpoint."""
+    """A ~10M-parameter Qwen2-style model with random weights, saved like a hub checkpoint."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(0)
     config = Qwen2Config(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=32000, max_position_embeddings=1024,
+                         num_key_value_heads=2, vocab_size=8192, max_position_embeddings=1024,
                          tie_word_embeddings=False, pad_token_id=0)
     AutoModelForCausalLM.from_config(config).save_pretrained(str(directory))
     return str(directory)
 
 
 def start(model: str, work: Path, keys_file: Path, batching: bool, tenants: int) -> tuple[subprocess.Popen, str]:
+    work.mkdir(parents=True, exist_ok=True)
     info = work / "server.json"
     info.unlink(missing_ok=True)
     log = (work / f"server-{'batched' if batching else 'time_shared'}.log").open("w")
@@ -57,7 +60,7 @@ def start(model: str, work: Path, keys_file: Path, batching: bool, tenants: int)
     deadline = time.monotonic() + 300
     while not info.is_file():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the server did not start; see {log.name}")
+            raise RuntimeError(f"the server did not start:\n{Path(log.name).read_text()[-3000:]}")
         time.sleep(0.3)
     import httpx
 
@@ -77,7 +80,7 @@ def datums(seed: int, rows: int, length: int) -> list:
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(rows):
-        ids = rng.integers(3, 30000, length + 1).tolist()
+        ids = rng.integers(3, 8000, length + 1).tolist()
         out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
                                loss_fn_inputs={"target_tokens": ids[1:], "weights": [0.0] * 4 + [1.0] * (length - 4)}))
     return out
@@ -129,8 +132,11 @@ def run_k(url: str, key: str, base_model: str, k: int, steps: int, rows: int, le
 
 
 def main() -> None:
+    import numpy as np
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--ks", default="1,2,4")
@@ -139,28 +145,35 @@ def main() -> None:
     ks = [int(k) for k in args.ks.split(",")]
     from twinkle_server.auth import add_key
 
+    modes = {"batched": True, "time_shared": False}
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
         root = Path(tmp)
         model = args.model or write_model(root / "model")
         keys_file = root / "keys.txt"
         key = add_key(keys_file, "bench")
-        results: dict[str, dict] = {f"K={k}": {} for k in ks}
-        for batching in (True, False):
-            mode = "batched" if batching else "time_shared"
-            proc, url = start(model, root / mode, keys_file, batching, max(ks))
-            try:
-                for k in ks:
-                    results[f"K={k}"][mode] = run_k(url, key, model, k, args.steps, args.rows, args.length)
-            finally:
+        servers = {mode: start(model, root / mode, keys_file, batching, max(ks)) for mode, batching in modes.items()}
+        runs: dict[str, dict[str, list[dict]]] = {f"K={k}": {mode: [] for mode in modes} for k in ks}
+        try:
+            for k in ks:
+                for _ in range(args.repeats):
+                    for mode, (_, url) in servers.items():
+                        runs[f"K={k}"][mode].append(run_k(url, key, model, k, args.steps, args.rows, args.length))
+        finally:
+            for proc, _ in servers.values():
                 os.kill(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=60)
-        for row in results.values():
-            row["tokens_per_s_ratio_batched_vs_time_shared"] = (row["batched"]["tokens_per_s"]
-                                                                / row["time_shared"]["tokens_per_s"])
+    results = {}
+    for name, by_mode in runs.items():
+        row = {mode: {field: float(np.median([r[field] for r in reps])) for field in reps[0]}
+               for mode, reps in by_mode.items()}
+        row["tokens_per_s_ratio_batched_vs_time_shared"] = (row["batched"]["tokens_per_s"]
+                                                            / row["time_shared"]["tokens_per_s"])
+        results[name] = row
     print(json.dumps({"bench": "twinkle serve: batched multi-tenant vs time-shared steps",
-                      "model": args.model or "qwen2 ~20M params (random weights)", "rows": args.rows,
-                      "length": args.length, "steps": args.steps, "machine": platform.machine(),
-                      "cpus": os.cpu_count(), "results": results}, indent=2))
+                      "model": args.model or "qwen2 ~10M params (random weights)", "rows": args.rows,
+                      "length": args.length, "steps": args.steps, "repeats (median)": args.repeats,
+                      "machine": platform.machine(), "cpus": os.cpu_count(),
+                      "load_average": os.getloadavg()[0], "results": results}, indent=2))
 
 
 if __name__ == "__main__":

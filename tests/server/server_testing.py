@@ -74,3 +74,14 @@ def reference_model(max_r: int = 16, seed: int = 0) -> Any:
 
     return MultiLoraTransformersModel(model_id=BASE_MODEL, mixed_precision="no", max_loras=2, max_r=max_r,
                                       target_modules=ALL_LAYERS)
+
+
+def train_steps(training: Any, datums: list[Any], steps: int, adam: Any, loss_fn: str = "cross_entropy") -> list[float]:
+    """``steps`` x (forward_backward + optim_step) through the client; the reported ``loss:sum`` of each."""
+    losses = []
+    for _ in range(steps):
+        fwd = training.forward_backward(datums, loss_fn)
+        opt = training.optim_step(adam)
+        losses.append(fwd.result().metrics["loss:sum"])
+        opt.result()
+    return losses

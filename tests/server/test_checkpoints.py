@@ -5,41 +5,32 @@ from __future__ import annotations
 import pytest
 import tinker
 from conftest import BASE_MODEL
-from server_testing import sft_datums
+from server_testing import sft_datums, train_steps
 from tinker import types
 
 ADAM = types.AdamParams(learning_rate=1e-2, eps=1e-8)
 
 
-def _steps(training, datums, n):
-    losses = []
-    for _ in range(n):
-        fwd = training.forward_backward(datums, "cross_entropy")
-        training.optim_step(ADAM).result()
-        losses.append(fwd.result().metrics["loss:sum"])
-    return losses
-
-
 def test_save_and_load_with_optimizer_continue_bit_exactly(server, alice):
     training = alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=9).result()
     datums = sft_datums(training.get_tokenizer())
-    _steps(training, datums, 2)
+    train_steps(training, datums, 2, ADAM)
     path = training.save_state("after-2", user_metadata={"note": "two steps"}).result().path
-    continued = _steps(training, datums, 3)
+    continued = train_steps(training, datums, 3, ADAM)
 
     training.load_state_with_optimizer(path).result()
-    assert _steps(training, datums, 3) == continued  # bitwise: weights, Adam moments and step count restored
+    assert train_steps(training, datums, 3, ADAM) == continued  # bitwise: weights, Adam moments and step count restored
 
     resumed = alice.create_training_client_from_state_with_optimizer(path).result()
     assert resumed.model_id != training.model_id and resumed.get_info().lora_rank == 8
-    assert _steps(resumed, datums, 3) == continued
+    assert train_steps(resumed, datums, 3, ADAM) == continued
 
     weights_only = alice.create_training_client_from_state(path).result()
-    fresh_adam = _steps(weights_only, datums, 2)
+    fresh_adam = train_steps(weights_only, datums, 2, ADAM)
     assert fresh_adam[0] == continued[0]  # same weights ...
     assert fresh_adam[1] != continued[1]  # ... but a new optimizer
     training.load_state(path).result()
-    assert _steps(training, datums, 2) == fresh_adam
+    assert train_steps(training, datums, 2, ADAM) == fresh_adam
 
 
 def test_checkpoints_are_listed_described_and_deleted(server, alice):
@@ -58,6 +49,8 @@ def test_checkpoints_are_listed_described_and_deleted(server, alice):
     assert (info.lora_rank, info.train_attn, info.train_mlp, info.train_unembed) == (4, True, False, False)
     run = rest.get_training_run(training.model_id).result()
     assert run.lora_rank == 4 and run.last_checkpoint.tinker_path == state
+    session = rest.get_session(training.model_id.split(":")[0]).result()
+    assert training.model_id in session.training_run_ids
 
     with pytest.raises(tinker.RequestFailedError, match="exists; pick another name or pass overwrite=True"):
         training.save_state("s1").result()

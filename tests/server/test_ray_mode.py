@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import BASE_MODEL, SHARED_OPTIONS, start_server
-from server_testing import adapter_tensors, sft_datums
+from server_testing import adapter_tensors, sft_datums, train_steps
 from tinker import types
 
 ADAM = types.AdamParams(learning_rate=2e-2, eps=1e-8)
@@ -15,11 +15,7 @@ def _run(server):
     client = server.service_client("alice")
     training = client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=99).result()
     datums = sft_datums(training.get_tokenizer())
-    losses = []
-    for _ in range(3):
-        fwd = training.forward_backward(datums, "cross_entropy")
-        training.optim_step(ADAM).result()
-        losses.append(fwd.result().metrics["loss:sum"])
+    losses = train_steps(training, datums, 3, ADAM)
     weights = adapter_tensors(server.checkpoint_dir(training.save_state("ray-check").result().path))
     client.close("success").result()
     return losses, weights

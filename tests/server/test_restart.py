@@ -12,20 +12,11 @@ import numpy as np
 import pytest
 import tinker
 from conftest import BASE_MODEL
-from server_testing import sft_datums
+from server_testing import sft_datums, train_steps
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 ADAM = types.AdamParams(learning_rate=1e-2, eps=1e-8)
-
-
-def _steps(training, datums, n):
-    losses = []
-    for _ in range(n):
-        fwd = training.forward_backward(datums, "cross_entropy")
-        training.optim_step(ADAM).result()
-        losses.append(fwd.result().metrics["loss:sum"])
-    return losses
 
 
 def _busy_forward(model_id: str, seq_id: int) -> bytes:
@@ -51,9 +42,9 @@ def test_sigkill_restart_continues_from_the_saved_state(server):
     client = server.service_client("alice")
     training = client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=21).result()
     datums = sft_datums(training.get_tokenizer())
-    _steps(training, datums, 2)
+    train_steps(training, datums, 2, ADAM)
     path = training.save_state("before-crash").result().path
-    expected = _steps(training, datums, 2)  # what continuing from the checkpoint must give
+    expected = train_steps(training, datums, 2, ADAM)  # what continuing from the checkpoint must give
 
     # work in flight at the kill: long forwards of another model, and this client's own step queued behind them
     other = client.create_lora_training_client(base_model=BASE_MODEL, rank=2).result()
@@ -81,11 +72,11 @@ def test_sigkill_restart_continues_from_the_saved_state(server):
     with pytest.raises(tinker.BadRequestError, match="load_state"):
         training.forward_backward(datums, "cross_entropy").result()
     training.load_state_with_optimizer(path).result()
-    assert _steps(training, datums, 2) == expected
+    assert train_steps(training, datums, 2, ADAM) == expected
 
     fresh = server.service_client("alice")
     resumed = fresh.create_training_client_from_state_with_optimizer(path).result()
-    assert _steps(resumed, datums, 2) == expected
+    assert train_steps(resumed, datums, 2, ADAM) == expected
     listed = server.rest_client("alice").list_checkpoints(training.model_id).result().checkpoints
     assert path in [c.tinker_path for c in listed]
     fresh.close("success").result()

@@ -255,19 +255,19 @@ def test_percentiles_match_numpy():
 def test_a_lone_step_waits_for_other_training_tenants_only(table):
     recorder = _Recorder()
     recorder.gate.set()
-    scheduler = Scheduler(table, Metrics(), recorder, batching=True, batch_window_s=3.0)
+    scheduler = Scheduler(table, Metrics(), recorder, batching=True, batch_window_s=1.5)
     scheduler.start()
     alone = _work(table, "forward_backward", "m1", None)
     started = time.monotonic()
     scheduler.submit(alone)
     _wait([alone.future])
-    assert time.monotonic() - started < 2.0  # nobody else trains: no waiting
+    assert time.monotonic() - started < 1.0  # nobody else trains: no waiting
     warm = _work(table, "forward_backward", "m2", None)
     scheduler.submit(warm)
     _wait([warm.future])
     first, second = _work(table, "forward_backward", "m1", None), _work(table, "forward_backward", "m2", None)
     scheduler.submit(first)  # m2 trains too: m1's step waits for m2's
-    time.sleep(0.5)
+    time.sleep(0.3)
     scheduler.submit(second)
     _wait([first.future, second.future])
     assert recorder.batches[-1] == ["m1", "m2"]

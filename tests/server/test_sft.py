@@ -78,3 +78,29 @@ def test_forward_reports_without_training_and_accumulation_sums(server, alice):
     a, b = adapter_tensors(server.checkpoint_dir(split)), adapter_tensors(server.checkpoint_dir(together))
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_forward_backward_custom_runs_client_side_on_top_of_cross_entropy(server, alice):
+    """The client's two-phase custom loss (forward, then cross_entropy with weights = -dL/dlogprobs) works here.
+
+    A custom loss equal to Tinker's cross_entropy must give the same update as cross_entropy itself.
+    """
+    adam = types.AdamParams(learning_rate=1e-2, eps=1.0)
+    custom = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()
+    datums = sft_datums(custom.get_tokenizer())
+
+    def nll(data, logprobs):
+        loss = sum(-(lp * torch.as_tensor(d.loss_fn_inputs["weights"].to_numpy())).sum()
+                   for d, lp in zip(data, logprobs))
+        return loss, {"custom_nll:sum": float(loss.detach())}
+
+    result = custom.forward_backward_custom(datums, nll).result()
+    custom.optim_step(adam).result()
+    plain = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()
+    reference = plain.forward_backward(datums, "cross_entropy").result()
+    plain.optim_step(adam).result()
+    assert result.metrics["loss:sum"] == pytest.approx(reference.metrics["loss:sum"], rel=1e-5)
+    a = adapter_tensors(server.checkpoint_dir(custom.save_weights_for_sampler("custom").result().path))
+    b = adapter_tensors(server.checkpoint_dir(plain.save_weights_for_sampler("plain").result().path))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6, msg=key)

@@ -7,20 +7,12 @@ import threading
 import pytest
 import torch
 from conftest import BASE_MODEL
-from server_testing import TEXTS, adapter_tensors, sft_datums, tensors_hash
+from server_testing import TEXTS, adapter_tensors, sft_datums, tensors_hash, train_steps
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 STEPS = 4
 ADAM = types.AdamParams(learning_rate=1e-2)
-
-
-def _train(training, datums, steps, losses):
-    for _ in range(steps):
-        fwd = training.forward_backward(datums, "cross_entropy")
-        opt = training.optim_step(ADAM)
-        losses.append(fwd.result().metrics["loss:sum"])
-        opt.result()
 
 
 def _state(server, training, name):
@@ -45,8 +37,8 @@ def test_concurrent_tenants_are_batched_and_match_training_alone(server, alice, 
 
     before = batched_steps()
     losses_a: list[float] = []
-    threads = [threading.Thread(target=_train, args=(a, data_a, STEPS, losses_a)),
-               threading.Thread(target=_train, args=(b, data_b, STEPS, []))]
+    threads = [threading.Thread(target=lambda: losses_a.extend(train_steps(a, data_a, STEPS, ADAM))),
+               threading.Thread(target=train_steps, args=(b, data_b, STEPS, ADAM))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -55,8 +47,7 @@ def test_concurrent_tenants_are_batched_and_match_training_alone(server, alice, 
     together = adapter_tensors(server.checkpoint_dir(a.save_weights_for_sampler("together").result().path))
 
     alone = alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=11).result()
-    losses_alone: list[float] = []
-    _train(alone, data_a, STEPS, losses_alone)
+    losses_alone = train_steps(alone, data_a, STEPS, ADAM)
     solo = adapter_tensors(server.checkpoint_dir(alone.save_weights_for_sampler("alone").result().path))
     assert losses_a == pytest.approx(losses_alone, rel=1e-5)
     for key in solo:
@@ -67,12 +58,12 @@ def test_one_tenants_work_leaves_the_others_tensors_unchanged(server, alice, bob
     a = alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=3).result()
     b = bob.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=4).result()
     datums = sft_datums(a.get_tokenizer())
-    _train(a, datums, 1, [])
+    train_steps(a, datums, 1, ADAM)
     first = _state(server, a, "h0")
     path = b.save_state("b0").result().path
-    _train(b, datums, 2, [])  # b trains, saves, reloads its state and trains again: a must not notice
+    train_steps(b, datums, 2, ADAM)  # b trains, saves, reloads its state and trains again: a must not notice
     b.load_state_with_optimizer(path).result()
-    _train(b, datums, 1, [])
+    train_steps(b, datums, 1, ADAM)
     assert _state(server, a, "h1") == first
 
 

@@ -20,7 +20,7 @@ OWNER, appends its SHA-256 to FILE and prints the key once.
 
 def main(argv: Sequence[str]) -> int:
     from twinkle.cli.train_cmd import options_help, parse_overrides
-    from twinkle.trainer._validate import ConfigError
+    from twinkle.trainer._validate import ConfigError, build
     from twinkle.trainer.config import apply_overrides, load_config_file
     from twinkle_server.config import ServerConfig
 
@@ -33,7 +33,7 @@ def main(argv: Sequence[str]) -> int:
             return _keygen(argv[1:])
         head = 1 if argv and not argv[0].startswith("--") else 0
         data = load_config_file(argv[0]) if head else {}
-        config = ServerConfig.from_dict(apply_overrides(data, parse_overrides(argv[head:])))
+        config = build(ServerConfig, apply_overrides(data, parse_overrides(argv[head:])))
         from twinkle_server.server import serve
 
         return serve(config)

@@ -8,9 +8,8 @@ YAML/TOML file and ``--group.field value`` overrides, every error naming the dot
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from twinkle.trainer._validate import ConfigError, build
+from twinkle.trainer._validate import ConfigError
 from twinkle.trainer.config import InfraConfig, ModelConfig
 
 
@@ -36,7 +35,7 @@ class ServiceConfig:
     lora_alpha: int = 32  # Tinker fixes alpha; scaling is lora_alpha / rank
     seed: int = 0  # seeds the base model's random init (twinkle:// assets) and the slots
     batching: bool = True  # run steps of several tenants queued together as one forward_backward_multi
-    batch_window_ms: float = 20.0  # with batching: how long a lone step waits for other training tenants' steps
+    batch_window_ms: float = 0.0  # with batching: how long a lone step waits for other training tenants' steps
     max_request_mb: float = 64.0
     max_inflight_per_key: int = 64  # queued + running requests of one API key; more answer 429
     session_timeout_s: float = 600.0  # no heartbeat for this long: the session ends, its models unload; 0: never
@@ -68,12 +67,6 @@ class ServerConfig:
     model: ServedModelConfig = field(default_factory=ServedModelConfig)
     infra: InfraConfig = field(default_factory=InfraConfig)
     server: ServiceConfig = field(default_factory=ServiceConfig)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ServerConfig:
-        if not isinstance(data, dict):
-            raise ConfigError(f"A server config must be a table of fields, got {type(data).__name__}.")
-        return build(cls, data)
 
     @property
     def base_model_name(self) -> str:
