@@ -48,6 +48,18 @@ def test_malformed_bodies_unknown_ids_and_bad_keys(server, alice):
         tinker.ServiceClient(base_url=server.url, api_key="tml-wrong").create_lora_training_client(
             base_model=BASE_MODEL).result()
     assert server.http(None).get("/api/v1/healthz").json() == {"status": "ok"}  # health needs no key
+    assert f"export TINKER_BASE_URL={server.url}" in server.log.read_text()  # how to point the client at it
+
+
+def test_unloading_a_model_frees_it(server, alice):
+    training = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
+    with server.http("alice") as http:
+        request = http.post("/api/v1/unload_model", json={"model_id": training.model_id}).json()["request_id"]
+        answer = http.post("/api/v1/retrieve_future", json={"request_id": request}).json()
+        while answer.get("type") == "try_again":
+            answer = http.post("/api/v1/retrieve_future", json={"request_id": request}).json()
+        assert answer == {"type": "unload_model", "model_id": training.model_id}
+        assert "not found" in _detail(http.post("/api/v1/get_info", json={"model_id": training.model_id}), 404)
 
 
 def test_unsupported_losses_are_refused_clearly_through_the_client(server, alice):

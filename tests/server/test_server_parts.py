@@ -272,3 +272,47 @@ def test_a_lone_step_waits_for_other_training_tenants_only(table):
     _wait([first.future, second.future])
     assert recorder.batches[-1] == ["m1", "m2"]
     scheduler.stop()
+
+
+# ------------------------------------------------------------- service limits and sessions
+class _IdleEngine:
+    """An engine whose model is never called: these tests stop before the worker runs anything."""
+
+    batching = False
+    sampler = None
+    targets = {"attn": ["q_proj"], "mlp": [], "unembed": []}
+
+
+@pytest.fixture
+def service(tmp_path):
+    from twinkle_server.config import ServerConfig, ServiceConfig
+    from twinkle_server.paths import CheckpointDirs
+    from twinkle_server.service import Service
+
+    store = Store(tmp_path / "registry.sqlite")
+    config = ServerConfig(server=ServiceConfig(max_inflight_per_key=3, session_timeout_s=60))
+    yield Service(config, _IdleEngine(), store, CheckpointDirs(tmp_path), arch="qwen2", tokenizer_id=None)
+    store.close()
+
+
+def test_each_key_may_queue_only_so_many_requests(service):
+    from twinkle_server.errors import ApiError
+
+    for _ in range(3):
+        service.submit("alice", "optim_step", MODEL, None, run=lambda: Result({}))
+    with pytest.raises(ApiError, match="3 requests queued or running") as refused:
+        service.submit("alice", "optim_step", MODEL, None, run=lambda: Result({}))
+    assert refused.value.status == 429
+    service.submit("bob", "optim_step", MODEL, None, run=lambda: Result({}))  # another key is not limited
+
+
+def test_a_session_without_heartbeat_ends_and_unloads_its_models(service):
+    service.store.add_session("s1", "alice", None, "0.38.0")
+    service.store.add_session("s2", "alice", None, "0.38.0")
+    service.store.add_model("s1:train:0", "alice", "s1", "base", {"rank": 4}, None)
+    service.store._db.execute("UPDATE sessions SET heartbeat = heartbeat - 120 WHERE id = 's1'")
+    service.expire_sessions()
+    assert service.store.session("s1", "alice")["finished"] == 1
+    assert service.store.session("s2", "alice")["finished"] == 0
+    queued = [w for q in service.scheduler._queues.values() for w in q]
+    assert [(w.kind, w.model_id) for w in queued] == [("unload_model", "s1:train:0")]

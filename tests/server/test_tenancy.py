@@ -44,6 +44,11 @@ def test_concurrent_tenants_are_batched_and_match_training_alone(server, alice, 
     for thread in threads:
         thread.join()
     assert batched_steps() > before  # the two tenants' steps ran as multi-tenant batches
+    metrics = server.http("alice").get("/metrics").text  # alice sees her tenant's throughput and latencies
+    rate = next(line for line in metrics.splitlines() if line.startswith("twinkle_tenant_tokens_per_second")
+                and a.model_id in line)
+    assert float(rate.split()[1]) > 0 and b.model_id not in metrics
+    assert 'twinkle_request_latency_seconds{kind="forward_backward",quantile="0.95"}' in metrics
     together = adapter_tensors(server.checkpoint_dir(a.save_weights_for_sampler("together").result().path))
 
     alone = alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=11).result()
