@@ -64,8 +64,14 @@ def build_service(config: ServerConfig) -> Service:
     targets = layer_families(model_path)
     model = build_model(config, targets)
     tokenizer = tokenizer_dir(model_path)
+    batching = config.server.batching
+    if batching and config.infra.mode == "ray" and config.infra.dp_size > 1:
+        # forward_backward_multi reaches every rank with all rows (no per-tenant data split): per-tenant steps,
+        # which slice each tenant's rows over the data-parallel ranks, stay exact
+        logger.info("batched multi-tenant steps are off with infra.dp_size > 1; tenants take turns")
+        batching = False
     engine = Engine(model, targets, lora_alpha=config.server.lora_alpha, max_rank=config.server.max_rank,
-                    batching=config.server.batching, sampler=build_sampler(config, model, tokenizer))
+                    batching=batching, sampler=build_sampler(config, model, tokenizer))
     arch = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
     service = Service(config, engine, store, CheckpointDirs(work_dir), arch=arch, tokenizer_id=tokenizer)
     service.start()
