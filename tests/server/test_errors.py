@@ -65,12 +65,14 @@ def test_unloading_a_model_frees_it(server, alice):
 def test_unsupported_losses_are_refused_clearly_through_the_client(server, alice):
     training = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
     datums = sft_datums(training.get_tokenizer())[:1]
-    with pytest.raises(tinker.RequestFailedError, match="loss_fn='custom'.*not supported"):
+    with pytest.raises(tinker.BadRequestError, match="loss_fn='custom'.*not supported"):
         training.forward_backward(datums, "custom", {"loss_id": "x"}).result()
-    with pytest.raises(tinker.RequestFailedError, match="stable_reinforce.*not supported"):
+    with pytest.raises(tinker.BadRequestError, match="stable_reinforce.*not supported"):
         training.forward_backward(datums, "stable_reinforce").result()
-    with pytest.raises(tinker.RequestFailedError, match="clip_low_threshold"):
+    with pytest.raises(tinker.BadRequestError, match="clip_low_threshold"):
         training.forward_backward(datums, "ppo", {"clip_low_threshold": 2.0}).result()
+    with pytest.raises(tinker.BadRequestError, match="loss_fn_config .* for 'dro'"):
+        training.forward_backward(datums, "dro", {"no_such_option": 1.0}).result()
     # the model is fine afterwards
     assert training.forward_backward(datums, "cross_entropy").result().metrics["loss:sum"] > 0
 

@@ -105,3 +105,21 @@ def test_rl_steps_with_importance_sampling_and_ppo_follow_the_formulas(server, a
     assert clipped > 0
     assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
     training.optim_step(ADAM).result()
+
+    # cispo: the clipped ratio, without gradient, weighs the log-probability; dro: a quadratic penalty
+    result = training.forward_backward(datums, "cispo", config).result()
+    expected = 0.0
+    for output, (pad, q, advantage) in zip(result.loss_fn_outputs, sampling):
+        p = np.asarray(output["logprobs"].data, dtype=np.float64)[pad:]
+        expected += float(-(np.clip(np.exp(p - q), 0.9, 1.1) * p * advantage).sum())
+    assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
+    result = training.forward_backward(datums, "dro", {"beta": 0.1}).result()
+    expected = 0.0
+    for output, datum in zip(result.loss_fn_outputs, datums):  # every position: prompt ones have q = A = 0
+        p = np.asarray(output["logprobs"].data, dtype=np.float64)
+        q, advantage = (datum.loss_fn_inputs[k].to_numpy().astype(np.float64) for k in ("logprobs", "advantages"))
+        expected += float(-(p * advantage - 0.05 * (p - q) ** 2).sum())
+    assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
+    result = training.forward_backward(datums, "gspo").result()  # averaged over sequences
+    assert np.isfinite(result.metrics["loss:mean"]) and len(result.loss_fn_outputs) == len(datums)
+    training.optim_step(ADAM).result()

@@ -120,7 +120,15 @@ class Engine:
         self.model.set_optimizer("AdamW", adapter_name=tenant, **ADAM_DEFAULTS)
 
     # ----------------------------------------------------------------- steps
-    def _set_loss(self, tenant: str, request: StepRequest) -> None:
+    @staticmethod
+    def check_loss(request: StepRequest) -> str:
+        """Refuse an unknown loss or a bad config before queueing; returns the loss metric's name.
+
+        The Tinker-defined losses are sums over tokens (``loss:sum``); the GRPO family's ``gspo``
+        averages over sequences (``loss:mean``), which is how the client combines chunked results.
+        """
+        from twinkle.registry import resolve
+
         if request.loss_fn == "custom":
             raise UserError("loss_fn='custom' (a traced loss run by the server) is not supported here; "
                             "forward_backward_custom with a Python loss function works (it runs client-side "
@@ -128,9 +136,13 @@ class Engine:
         if request.loss_fn not in LOSSES:
             raise UserError(f"loss_fn={request.loss_fn!r} is not supported; this server runs {', '.join(LOSSES)}.")
         try:
-            self.model.set_loss(request.loss_fn, adapter_name=tenant, **request.loss_fn_config)
+            loss = resolve("loss", request.loss_fn)(**request.loss_fn_config)
         except (TypeError, ValueError) as exc:
             raise UserError(f"loss_fn_config {request.loss_fn_config} for {request.loss_fn!r}: {exc}") from None
+        return "loss:sum" if loss.reduction == "sum" else "loss:mean"
+
+    def _set_loss(self, tenant: str, request: StepRequest) -> None:
+        self.model.set_loss(request.loss_fn, adapter_name=tenant, **request.loss_fn_config)
 
     def forward_backward(self, requests: dict[str, StepRequest]) -> dict[str, StepOutcome]:
         """One step per model id: a single tenant alone, several as one batched multi-tenant step."""
@@ -143,18 +155,18 @@ class Engine:
         else:
             losses = {m: self.model.forward_backward(inputs=r.rows, adapter_name=tenants[m])
                       for m, r in requests.items()}
-        return {m: self._outcome(tenants[m], losses[m]) for m in requests}
+        return {m: self._outcome(tenants[m], losses[m], requests[m]) for m in requests}
 
     def forward(self, model_id: str, request: StepRequest) -> StepOutcome:
         tenant = tenant_name(model_id)
         self._set_loss(tenant, request)
         self.model.forward_only(inputs=request.rows, adapter_name=tenant)
-        return self._outcome(tenant, self.model.calculate_loss(adapter_name=tenant))
+        return self._outcome(tenant, self.model.calculate_loss(adapter_name=tenant), request)
 
-    def _outcome(self, tenant: str, loss: float) -> StepOutcome:
+    def _outcome(self, tenant: str, loss: float, request: StepRequest) -> StepOutcome:
         outputs = [{k: v for k, v in sample.items() if getattr(v, "ndim", 0) == 1}
                    for sample in self.model.get_loss_outputs(adapter_name=tenant)]
-        return StepOutcome(outputs, {"loss:sum": float(loss)})
+        return StepOutcome(outputs, {request.metric: float(loss)})
 
     def optim_step(self, model_id: str, params: dict[str, Any]) -> dict[str, float]:
         """One AdamW step with the request's hyper-parameters (Tinker sends them with every step)."""

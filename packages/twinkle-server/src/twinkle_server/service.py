@@ -233,6 +233,10 @@ class Service(CheckpointOps, SamplingOps):
         except WireError as exc:
             raise ApiError(400, str(exc)) from None
         self.model_row(owner, step.model_id)
+        try:
+            step.metric = self.engine.check_loss(step)
+        except UserError as exc:
+            raise ApiError(400, str(exc)) from None
         if step.forward_only:
             record = self.submit(owner, "forward", step.model_id, step.seq_id, tokens=step.num_tokens,
                                  run=lambda: _step_result(self.engine.forward(step.model_id, step)))

@@ -37,6 +37,7 @@ class StepRequest:
     loss_fn_config: dict[str, float | str]
     forward_only: bool
     rows: list[dict[str, list[int] | list[float]]] = field(default_factory=list)
+    metric: str = "loss:sum"  # the loss metric's name (``loss:mean`` for a loss averaged over sequences)
 
     @property
     def num_tokens(self) -> int:
