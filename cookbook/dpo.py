@@ -4,7 +4,7 @@ Every pair answers the same question twice: the chosen answer is made of friendl
 rejected one of curt words (made in code below, with held-out pairs for evaluation). The reference
 policy is the base model under the adapter, switched off by the model itself (no second copy):
 
-    python cookbook/dpo.py            # ~1 minute on 2 CPU cores; held-out preference accuracy -> > 0.9
+    python cookbook/dpo.py            # ~15 s on 2 CPU cores: held-out accuracy 0.00 -> 1.00, margin 0 -> 1.6
 
 Each step prints the loss, the chosen-minus-rejected margin of the implicit rewards
 ``beta * (log pi - log ref)`` and the preference accuracy. ``--loss ipo|simpo|orpo`` trains the other
@@ -14,9 +14,11 @@ preference losses on the same data.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 import warnings
+from pathlib import Path
 
 import torch
 from peft import LoraConfig
@@ -28,7 +30,7 @@ from twinkle.model import TransformersModel
 from twinkle.template import Template
 
 logger = get_logger()
-TINY_MODEL = "twinkle://tiny-qwen"
+TINY_MODEL = "twinkle://tiny-qwen"  # random weights: the learning is all DPO's
 warnings.filterwarnings("ignore", message=".*tie_word_embeddings=True.*", category=UserWarning)
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 QUESTIONS = ("Can you help me move?", "Will you join us?", "May I borrow a pen?", "Could you check this?",
@@ -48,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results-json", default=None, help="also write the curves to this JSON file")
     return p.parse_args(argv)
 
 
@@ -74,15 +77,16 @@ def margin_and_accuracy(model: TransformersModel) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     twinkle.initialize(seed=args.seed)
-    rng = random.Random(args.seed)
+    # data: the tokenizer's chat template renders each pair; held-out pairs come from other seeds
     template = Template(args.model_id)
+    held_out = encode(template, [make_pair(random.Random(10_000 + k)) for k in range(args.eval_pairs)])
+    train_rng = random.Random(args.seed)
+    # the policy: a LoRA adapter; the loss computes the reference itself with the adapter switched off
     model = TransformersModel(model_id=args.model_id, mixed_precision="no")
-    targets = "all-linear" if args.model_id != TINY_MODEL else \
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
-    model.add_adapter_to_model("policy", LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules=targets))
+    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules="all-linear")
+    model.add_adapter_to_model("policy", lora)
     model.set_optimizer("AdamW", lr=args.lr, adapter_name="policy")
     model.set_loss(args.loss, adapter_name="policy", **({} if args.beta is None else {"beta": args.beta}))
-    held_out = encode(template, [make_pair(random.Random(10_000 + k)) for k in range(args.eval_pairs)])
 
     def evaluate() -> tuple[float, float]:
         model.forward_only(inputs=held_out, adapter_name="policy")
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     bar = tqdm(range(args.steps), desc=args.loss, dynamic_ncols=True)
     for _ in bar:
-        rows = encode(template, [make_pair(rng) for _ in range(args.pairs_per_step)])
+        rows = encode(template, [make_pair(train_rng) for _ in range(args.pairs_per_step)])
         loss = model.forward_backward(inputs=rows, adapter_name="policy")
         margin, accuracy = margin_and_accuracy(model)
         model.clip_grad_and_step(max_grad_norm=1.0, adapter_name="policy")
@@ -105,6 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     (m0, a0), (m1, a1) = history["eval"]
     logger.info("held-out margin %.3f -> %.3f, accuracy %.2f -> %.2f (%d steps, %.0f s)", m0, m1, a0, a1, args.steps,
                 history["seconds"])
+    if args.results_json:
+        Path(args.results_json).write_text(json.dumps(history))
     return history
 
 

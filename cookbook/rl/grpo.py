@@ -5,7 +5,7 @@ share of the completion's tokens that are digits (the ``digit_share`` reward bel
 this script). twinkle's embedded tiny model starts from random weights, so the mean reward starts at
 chance (about 10 digit tokens out of 2,590) and GRPO has to find and reinforce the digits:
 
-    python cookbook/rl/grpo.py                 # ~1-2 minutes on 2 CPU cores; mean reward -> > 0.5
+    python cookbook/rl/grpo.py      # ~30 s on 2 CPU cores: mean reward 0.00 -> 1.00 (> 0.5 by step ~12)
 
 Samples come from ``TorchSampler`` on the training model's own weights (the LoRA adapter being
 trained), so no weight sync is needed; ``--beta`` adds a KL penalty to the base model (the adapter
@@ -15,11 +15,13 @@ switched off, no second model). Point ``--model-id`` at a real model for real wo
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 import time
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 from peft import LoraConfig
 from tqdm import tqdm
@@ -44,7 +46,7 @@ WORDS = ("apples", "stars", "boats", "trees", "birds", "coins", "books", "lamps"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-id", default=TINY_MODEL)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8, help="samples per prompt (GRPO's G)")
     p.add_argument("--max-tokens", type=int, default=8)
@@ -55,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--target-reward", type=float, default=None, help="stop early once the mean reward reaches it")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results-json", default=None, help="also write the curves to this JSON file")
     return p.parse_args(argv)
 
 
@@ -115,7 +118,10 @@ def main(argv: list[str] | None = None) -> dict:
     example = tokenizer.decode(samples[0].tokens)
     logger.info("mean reward %.3f -> %.3f in %d steps (%.0f s); a sample: %r", curve[0], curve[-1], len(curve),
                 elapsed, example)
-    return {"rewards": curve, "seconds": elapsed}
+    results = {"rewards": curve, "seconds": elapsed}
+    if args.results_json:
+        Path(args.results_json).write_text(json.dumps(results))
+    return results
 
 
 if __name__ == "__main__":

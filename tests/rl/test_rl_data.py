@@ -170,3 +170,21 @@ def test_preference_pair_shares_the_prompt_and_trains_each_answer(template):
         assert all(label == -100 for label in row["labels"][:len(prompt)])
     with pytest.raises(Exception, match="'chosen'"):
         template.encode_preference({"prompt": "x", "rejected": "y"})
+
+
+def test_twinkle_plugins_lists_samplers_advantages_and_rewards():
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "twinkle.cli.main", "plugins", "--json"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    listing = json.loads(proc.stdout)
+    rows = listing["components"] if isinstance(listing, dict) else listing
+    found = {(r["kind"], r["name"]): r["distribution"] for r in rows}
+    assert found[("sampler", "TorchSampler")] == found[("sampler", "VLLMSampler")] == "twinkle-hf"
+    assert found[("advantage", "grpo")] == found[("reward", "numeric_match")] == "twinkle-core"
+    for name in ("importance_sampling", "ppo", "cispo", "dro", "gspo", "grpo", "dr_grpo", "bnpo", "dpo", "ipo",
+                 "simpo", "orpo", "cross_entropy"):
+        assert found[("loss", name)] == "twinkle-core", name

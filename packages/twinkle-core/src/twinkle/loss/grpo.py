@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from twinkle.loss.base import Loss, output_field
+from twinkle.loss.base import Loss
 from twinkle.loss.policy import _ratio_bounds
-from twinkle.loss.token_inputs import TokenOutputs, TokenView, token_view
+from twinkle.loss.token_inputs import TokenOutputs, TokenView, loss_inputs
 
 NORMALIZATIONS = ("sequence", "token", "constant")
 
@@ -65,11 +65,7 @@ class GRPOLoss(Loss):
         return torch.exp(view.log_ratio(logprobs))
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-        if kwargs:
-            raise TypeError(f"The {self.name} loss takes no call options, got {sorted(kwargs)}.")
-        logits = output_field(outputs, "logits")
-        view = token_view(inputs, logits, self.name)
-        logprobs = view.logprobs(logits)
+        view, logprobs, _ = loss_inputs(inputs, outputs, self.name, kwargs)
         ratio = self.ratio(logprobs, view)
         advantages = view.field("advantages")
         per_token = -torch.minimum(ratio * advantages, ratio.clamp(self.low, self.high) * advantages)

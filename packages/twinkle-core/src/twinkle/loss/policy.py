@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from twinkle.loss.base import Loss, output_field
-from twinkle.loss.token_inputs import SUM_ITEMS, TokenOutputs, TokenView, token_view
+from twinkle.loss.base import Loss
+from twinkle.loss.token_inputs import SUM_ITEMS, TokenOutputs, TokenView, loss_inputs
 
 
 class TokenSumLoss(Loss):
@@ -51,12 +51,7 @@ class TokenSumLoss(Loss):
         """The unweighted loss of every position (rows, T)."""
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-        if kwargs:
-            raise TypeError(f"The {self.name} loss takes no call options, got {sorted(kwargs)}; set them when "
-                            "building the loss (set_loss(name, **options)).")
-        logits = output_field(outputs, "logits")
-        view = token_view(inputs, logits, self.name)
-        logprobs = view.logprobs(logits)
+        view, logprobs, _ = loss_inputs(inputs, outputs, self.name, kwargs)
         total = (self.token_loss(logprobs, view) * view.weights).sum()
         self.last_outputs = TokenOutputs({"logprobs": logprobs.detach()}, view.segments)
         return total, SUM_ITEMS if self.reduction == "sum" else view.weights.sum()

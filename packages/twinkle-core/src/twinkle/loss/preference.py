@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from twinkle.loss.base import Loss, output_field
-from twinkle.loss.token_inputs import TokenOutputs, token_view
+from twinkle.loss.base import Loss
+from twinkle.loss.token_inputs import TokenOutputs, loss_inputs
 
 
 class PreferenceLoss(Loss):
@@ -58,11 +58,7 @@ class PreferenceLoss(Loss):
         """(loss per pair, reward per sequence) from (2 * pairs,) sequence values, pairs interleaved."""
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-        if kwargs:
-            raise TypeError(f"The {self.name} loss takes no call options, got {sorted(kwargs)}.")
-        logits = output_field(outputs, "logits")
-        view = token_view(inputs, logits, self.name)
-        logprobs = view.logprobs(logits)
+        view, logprobs, _ = loss_inputs(inputs, outputs, self.name, kwargs)
         trained = view.trained_sequences()
         count = int(trained.sum())
         if count == 0 or count % 2:

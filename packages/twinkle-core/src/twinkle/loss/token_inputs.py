@@ -185,6 +185,22 @@ class TokenOutputs:
         return samples
 
 
+def loss_inputs(inputs: Mapping[str, Any], outputs: Any, loss_name: str,
+                options: Mapping[str, Any]) -> tuple[TokenView, torch.Tensor, torch.Tensor]:
+    """What every RL/preference ``compute`` starts with: (view, target log-probabilities, logits).
+
+    ``options`` are the call's keyword arguments; these losses take theirs at construction.
+    """
+    if options:
+        raise TypeError(f"The {loss_name} loss takes no call options, got {sorted(options)}; set them when building "
+                        "the loss (set_loss(name, **options)).")
+    from twinkle.loss.base import output_field
+
+    logits = output_field(outputs, "logits")
+    view = token_view(inputs, logits, loss_name)
+    return view, view.logprobs(logits), logits
+
+
 def reference_logprobs(inputs: Mapping[str, Any], logits: torch.Tensor) -> torch.Tensor:
     """``ref_logprobs`` for ``inputs`` from a reference forward's logits, in the inputs' own layout."""
     view = token_view(inputs, logits, "reference")

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# VLLMSampler on a real vLLM engine, one CUDA GPU (< 3 minutes): sampled logprobs against the trainer's full
+# forward, before and after syncing a LoRA adapter and full weights. Needs `pip install 'twinkle-hf[vllm]'`.
+# Usage: tests/gpu/run_vllm.sh [--check]   (--check: the test collects; says whether vLLM is importable; runs on CPU)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  if command -v hatch >/dev/null 2>&1 && ENV_DIR="$(hatch env find test 2>/dev/null)" && [[ -x "$ENV_DIR/bin/python" ]]; then
+    PY="$ENV_DIR/bin/python"
+  else
+    PY="python3"
+  fi
+fi
+
+TESTS=tests/gpu/test_vllm_gpu.py
+
+if [[ "${1:-}" == "--check" ]]; then
+  "$PY" -m pytest "$TESTS" --collect-only -q -m gpu >/dev/null
+  "$PY" -c "import vllm" 2>/dev/null && echo "run_vllm.sh: vllm importable" \
+    || echo "run_vllm.sh: vllm not installed here (pip install 'twinkle-hf[vllm]' on the GPU machine)"
+  exit 0
+fi
+
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "run_vllm.sh: no CUDA device visible to $PY; these checks need a GPU." >&2
+  exit 1
+fi
+if ! "$PY" -c "import vllm" 2>/dev/null; then
+  echo "run_vllm.sh: vllm is not installed for $PY: pip install 'twinkle-hf[vllm]'." >&2
+  exit 1
+fi
+exec "$PY" -m pytest "$TESTS" -m gpu -q -p no:cacheprovider
