@@ -36,9 +36,16 @@ def test_concurrent_tenants_are_batched_and_match_training_alone(server, alice, 
         return float(next(line.split()[1] for line in text.splitlines() if line.startswith("twinkle_batched_steps")))
 
     before = batched_steps()
-    losses_a: list[float] = []
-    threads = [threading.Thread(target=lambda: losses_a.extend(train_steps(a, data_a, STEPS, ADAM))),
-               threading.Thread(target=train_steps, args=(b, data_b, STEPS, ADAM))]
+    losses: dict[str, list[float]] = {"a": [], "b": []}
+    in_step = threading.Barrier(2, timeout=120)  # both clients send each step together (as busy tenants do)
+
+    def loop(name, training, datums):
+        for _ in range(STEPS):
+            in_step.wait()
+            losses[name] += train_steps(training, datums, 1, ADAM)
+
+    threads = [threading.Thread(target=loop, args=("a", a, data_a)),
+               threading.Thread(target=loop, args=("b", b, data_b))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -54,7 +61,7 @@ def test_concurrent_tenants_are_batched_and_match_training_alone(server, alice, 
     alone = alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=11).result()
     losses_alone = train_steps(alone, data_a, STEPS, ADAM)
     solo = adapter_tensors(server.checkpoint_dir(alone.save_weights_for_sampler("alone").result().path))
-    assert losses_a == pytest.approx(losses_alone, rel=1e-5)
+    assert losses["a"] == pytest.approx(losses_alone, rel=1e-5)
     for key in solo:
         torch.testing.assert_close(together[key], solo[key], rtol=1e-5, atol=1e-6, msg=key)
 
