@@ -58,3 +58,11 @@ def test_backend_imports_core_but_no_other_backend(package):
     assert {k: v for k, v in offenders.items() if v} == {}
     plugin = PACKAGES / package / "src" / BACKENDS[package] / "plugin.py"
     assert "twinkle" in _imported_modules(plugin)
+
+
+def test_the_server_reaches_models_through_the_registry_only():
+    """twinkle-server calls the TwinkleModel API of whatever model class is registered: no backend imports."""
+    files = _sources("twinkle-server")
+    assert files, "twinkle-server has no sources"
+    offenders = {str(p.relative_to(PACKAGES)): sorted(_imported_modules(p) & set(BACKENDS.values())) for p in files}
+    assert {k: v for k, v in offenders.items() if v} == {}

@@ -26,7 +26,8 @@ def site(tmp_path_factory) -> Path:
 
 
 def run_python(site: Path, code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "PYTHONPATH": str(site), **env}
+    paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]  # keep a source checkout's paths after it
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **env}
     return subprocess.run([sys.executable, *args, "-c", code] if code else [sys.executable, *args],
                           capture_output=True, text=True, env=environ, timeout=120)
 
@@ -44,7 +45,7 @@ opt = resolve("optimizer", "ExampleSGD")([torch.nn.Parameter(torch.ones(1))], lr
 names = {"model": "ExampleModel", "loss": "ExampleL1Loss", "metric": "ExampleMetric", "optimizer": "ExampleSGD",
          "lr_scheduler": "ExampleConstantLR", "template": "ExampleTemplate", "preprocessor": "ExamplePreprocessor",
          "processor": "ExampleProcessor", "patch": "ExamplePatch", "kernel": "example_rms_norm",
-         "precision": "example_fp4", "platform": "example_device"}
+         "precision": "example_fp4", "platform": "example_device", "command": "example-hello"}
 reg = get_registry()
 print(json.dumps({
     "subclass": issubclass(ExampleModel, TwinkleModel),
@@ -66,7 +67,7 @@ def test_example_plugin_components_resolve_like_builtin_ones(site):
     assert out["loss"] == pytest.approx(2.0)
     assert out["opt"] == "ExampleSGD"
     assert set(out["kinds"].values()) == {"twinkle-example-plugin 0.3.1"}
-    assert len(out["kinds"]) == 12
+    assert len(out["kinds"]) == 13
     assert out["all_resolve"] and out["same_path_as_builtin"]
     # the broken plugin was skipped with exactly one warning naming it, and the others still loaded
     assert list(out["failed"]) == ["broken"]
@@ -97,6 +98,20 @@ def test_twinkle_plugins_lists_every_component_with_its_distribution(site):
     assert example == ["model", "ExampleModel", "twinkle-example-plugin", "0.3.1",
                        "twinkle_example.components:ExampleModel", "ok"]
     assert "plugin 'broken' FAILED to load" in table.stdout
+
+
+def test_plugin_command_runs_as_a_twinkle_subcommand(site):
+    """`twinkle NAME ...` runs a plugin's registered command with the arguments after NAME."""
+    proc = run_python(site, "", "-m", "twinkle.cli.main", "example-hello", "--x", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "hello from twinkle-example-plugin: --x 1"
+    failing = run_python(site, "", "-m", "twinkle.cli.main", "example-hello", "--fail")
+    assert failing.returncode == 3
+    listing = run_python(site, "", "-m", "twinkle.cli.main", "--help")
+    assert "example-hello" in listing.stdout and "say hello (example plugin)" in listing.stdout
+    unknown = run_python(site, "", "-m", "twinkle.cli.main", "no-such-command")
+    assert unknown.returncode == 2
+    assert "Unknown command 'no-such-command'" in unknown.stderr and "example-hello" in unknown.stderr
 
 
 def test_disabling_a_plugin_by_name(site):

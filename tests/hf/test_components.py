@@ -204,3 +204,36 @@ def test_apply_patch_and_metric_by_name() -> None:
     model.calculate_loss()
     metrics = model.calculate_metric(is_training=False)
     assert metrics["acc2"] == metrics["token_accuracy"]
+
+
+def test_set_optimizer_params_keeps_the_optimizer_state() -> None:
+    """Changing lr/betas mid-run (a client-driven schedule) equals a fresh AdamW state-copied with the new values."""
+    batches = [make_batch(20 + i) for i in range(3)]
+    changed, reference = make_model(seed=3), make_model(seed=3)
+    for model in (changed, reference):
+        model.set_optimizer("AdamW", lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+        model.forward_backward(inputs=batches[0])
+        model.clip_grad_and_step(max_grad_norm=None)
+    state_before = {k: v.clone() for k, v in changed.optimizer_group["default"].optimizer.state[
+        next(iter(changed.optimizer_group["default"].optimizer.state))].items()}
+    assert changed.set_optimizer_params(lr=3e-3, betas=(0.8, 0.9), weight_decay=0.1) == {
+        "lr": 3e-3, "betas": (0.8, 0.9), "weight_decay": 0.1}
+    state_after = changed.optimizer_group["default"].optimizer.state[
+        next(iter(changed.optimizer_group["default"].optimizer.state))]
+    for key, value in state_before.items():  # moments and step count untouched
+        assert torch.equal(value, state_after[key]), key
+    # the reference: the same AdamW update written out with the new values (torch's own optimizer)
+    ref_opt = reference.optimizer_group["default"].optimizer
+    for group in ref_opt.param_groups:
+        group["lr"], group["betas"], group["weight_decay"] = 3e-3, (0.8, 0.9), 0.1
+    for model in (changed, reference):
+        model.forward_backward(inputs=batches[1])
+        model.clip_grad_and_step(max_grad_norm=None)
+    for p, q in zip(changed.model.parameters(), reference.model.parameters()):
+        assert torch.equal(p, q)
+    with pytest.raises(TypeError, match=r"no hyper-parameters \['momentum'\]"):
+        changed.set_optimizer_params(momentum=0.9, lr=1.0)
+    assert changed.optimizer_group["default"].optimizer.param_groups[0]["lr"] == 3e-3  # nothing changed
+    fresh = make_model(seed=3)
+    with pytest.raises(RuntimeError, match="has no optimizer"):
+        fresh.set_optimizer_params(lr=1.0)

@@ -141,3 +141,26 @@ def test_bf16_autocast_tenant_tracks_the_fp32_one():
         assert all(p.dtype == torch.float32 for p in model.slots.parameters(model.slots.specs[slot]))
     assert losses[1] == pytest.approx(losses[0], rel=2e-2)
     assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.99
+
+
+def test_seeded_acquire_gives_the_same_init_in_any_slot_and_model():
+    """acquire_lora(..., seed=) makes the init a function of (seed, config): peft's A bound, zero B."""
+    first, second = make_multi(seed=0, max_r=16), make_multi(seed=1, max_loras=4, max_r=8)
+    second.acquire_lora("filler", lora(r=2))  # the seeded tenant lands in another slot of another model
+    assert first.acquire_lora("t", lora(r=4), seed=11) == "lora_0"
+    assert second.acquire_lora("t", lora(r=4), seed=11) == "lora_1"
+    first.acquire_lora("other_seed", lora(r=4), seed=12)
+    a, b = first.get_state_dict(adapter_name="t"), second.get_state_dict(adapter_name="t")
+    assert a.keys() == b.keys() and a
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+        if "lora_B" in key:
+            assert torch.count_nonzero(a[key]) == 0
+        else:  # kaiming_uniform(a=sqrt(5)) on (r, in): |w| <= 1/sqrt(in)
+            assert 0 < a[key].abs().max() <= a[key].shape[1] ** -0.5
+    other = first.get_state_dict(adapter_name="other_seed")
+    assert not any(torch.equal(a[k], other[k]) for k in a if "lora_A" in k)
+    slot = first.slots.pair(next(n for n in first.slots.layers if n.endswith("q_proj")), "lora_0")[0]
+    assert torch.count_nonzero(slot[:4]) > 0 and torch.count_nonzero(slot[4:]) == 0  # ranks beyond r stay zero
+    first.release_lora("t")
+    assert first.multi_lora.find("t") is None

@@ -125,3 +125,13 @@ def register_rewards() -> Specs:
 
     A script adds its own with ``twinkle.reward.register_reward(name)`` or passes the function itself.
     """
+
+
+@hookspec
+def register_commands() -> Specs:
+    """``twinkle`` sub-commands, e.g. ``{"serve": "twinkle_server.cli:main"}`` (twinkle-server's ``twinkle serve``).
+
+    The target is a function ``main(argv: list[str]) -> int | None``. ``twinkle NAME ARGS...`` imports it
+    only when NAME runs and passes it every argument after NAME (its own ``--help`` included); a
+    ``ComponentSpec(description=...)`` gives the line ``twinkle --help`` shows.
+    """

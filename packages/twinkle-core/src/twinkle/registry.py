@@ -42,6 +42,7 @@ KINDS: dict[str, str] = {
     "sampler": "register_samplers",
     "advantage": "register_advantages",
     "reward": "register_rewards",
+    "command": "register_commands",
 }
 
 #: Components of twinkle's own packages, so a missing one names the package to install.
@@ -57,6 +58,7 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("platform", "npu"): "twinkle-npu",
     ("sampler", "TorchSampler"): "twinkle-hf",
     ("sampler", "VLLMSampler"): "twinkle-hf[vllm]",
+    ("command", "serve"): "twinkle-server",
 }
 
 

@@ -1,4 +1,9 @@
-"""The ``twinkle`` console script: one sub-command per module under ``twinkle.cli``."""
+"""The ``twinkle`` console script: core's sub-commands plus those plugins register (kind ``command``).
+
+Core's own commands are modules under ``twinkle.cli``. A plugin command (``twinkle serve`` from
+twinkle-server) is a registered ``main(argv)`` function: it is imported only when it runs and gets
+every argument after its name, so its own options and ``--help`` are its business.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,17 @@ import sys
 from collections.abc import Sequence
 
 from twinkle import __version__
+
+#: Commands defined by core itself (modules under twinkle.cli); a plugin cannot take these names.
+BUILTIN_COMMANDS = ("plugins", "info", "train")
+
+
+def _plugin_commands() -> dict[str, str]:
+    """Registered plugin commands -> their one-line help (registry listing only: nothing heavy is imported)."""
+    from twinkle.registry import get_registry
+
+    return {c.name: c.description or f"provided by {c.distribution} {c.version}"
+            for c in get_registry().components("command") if c.name not in BUILTIN_COMMANDS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,12 +34,29 @@ def build_parser() -> argparse.ArgumentParser:
     plugins_cmd.add_parser(sub)
     info_cmd.add_parser(sub)
     train_cmd.add_parser(sub)
+    for name, help_text in sorted(_plugin_commands().items()):
+        sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
+def run_plugin_command(name: str, argv: Sequence[str]) -> int:
+    """Import the command ``name`` registered by a plugin and run it with ``argv``."""
+    from twinkle.errors import ComponentLoadError, ComponentNotFoundError
+    from twinkle.registry import get_registry
+
+    try:
+        command = get_registry().load("command", name)
+    except (ComponentNotFoundError, ComponentLoadError) as exc:
+        sys.stderr.write(f"twinkle: error: {exc}\n")
+        return 2
+    return int(command(list(argv)) or 0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in BUILTIN_COMMANDS:
+        return run_plugin_command(argv[0], argv[1:])
+    parser = build_parser()
     extra: list[str] = []
     if argv[:1] == ["train"] and not {"-h", "--help"} & set(argv[1:]):
         # `twinkle train [CONFIG] --group.field value ...`: the overrides are the Trainer's, not argparse's

@@ -27,7 +27,7 @@ DEFAULT_JOB: dict[str, Any] = {
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "train", help="train with the Trainer from a YAML/TOML config (no config: the embedded tiny default)",
-        description=__doc__, epilog=_options_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, epilog=options_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", help=".yaml/.yml/.toml trainer config (default: the embedded job)")
     parser.set_defaults(func=run, accepts_overrides=True)
 
@@ -126,9 +126,11 @@ def _progress(trainer: Any, enabled: bool) -> Any:
     return _Closer()
 
 
-def _options_help() -> str:
+def options_help(config_cls: type | None = None) -> str:
+    """Every field of a dataclass config (default: TrainerConfig) as ``--group.field  (default: ...)`` lines."""
     from twinkle.trainer import TrainerConfig
 
+    config_cls = config_cls or TrainerConfig
     lines = ["options (--field value, --group.field value; --flag / --no-flag for booleans):"]
 
     def walk(cls: type, prefix: str) -> None:
@@ -141,5 +143,5 @@ def _options_help() -> str:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             lines.append(f"  --{prefix}{f.name.replace('_', '-')}  (default: {default!r})")
 
-    walk(TrainerConfig, "")
+    walk(config_cls, "")
     return "\n".join(lines)

@@ -49,6 +49,30 @@ class SteppingMixin(ABC):
         return group
 
     # -------------------------------------------------------------- public API
+    def set_optimizer_params(self, *, adapter_name: str | None = None, **params: Any) -> dict[str, Any]:
+        """Change the group's optimizer hyper-parameters in place (``lr=``, ``betas=``, ``eps=``, ``weight_decay=``).
+
+        Unlike ``set_optimizer`` the optimizer keeps its state (moments, step counts): this is how a
+        client-driven schedule (the Tinker API sends the Adam parameters with every step) changes them.
+        Every param group gets the values; a name no param group has is a TypeError and nothing changes.
+        An lr scheduler, if any, sets ``lr`` again at its next step. Returns the values now in effect.
+        """
+        group = self._group(adapter_name)
+        self._require_optimizer(group)
+        param_groups = self._optimizer_param_groups(group)
+        unknown = sorted(k for k in params if any(k not in g for g in param_groups))
+        if unknown:
+            known = sorted(k for k in param_groups[0] if k != "params")
+            raise TypeError(f"The optimizer of group {group.name!r} ({type(group.optimizer).__name__}) has no "
+                            f"hyper-parameters {unknown}; it has {known}.")
+        for param_group in param_groups:
+            param_group.update(params)
+        return {k: param_groups[0][k] for k in params}
+
+    def _optimizer_param_groups(self, group: OptimizerGroup) -> list[dict[str, Any]]:
+        """The param groups ``set_optimizer_params`` updates (a backend with a wrapped optimizer overrides this)."""
+        return list(group.optimizer.param_groups)
+
     def clip_grad_norm(self, max_grad_norm: float = 1.0, norm_type: float = 2, *, adapter_name: str | None = None,
                        **kwargs: Any) -> float | None:
         """Clip the group's gradients on a boundary; returns the total norm before clipping (else None)."""

@@ -19,7 +19,7 @@ from twinkle.checkpoint.errors import CheckpointError
 LOCKED_METHODS = ("forward", "forward_only", "calculate_loss", "backward", "forward_backward", "clip_grad_norm",
                   "step", "zero_grad", "lr_step", "clip_grad_and_step", "set_loss", "set_optimizer",
                   "set_lr_scheduler", "add_metric", "calculate_metric", "set_template", "set_processor", "save",
-                  "load", "resume_from_checkpoint", "get_state_dict")
+                  "load", "resume_from_checkpoint", "get_state_dict", "set_optimizer_params")
 
 
 @dataclass

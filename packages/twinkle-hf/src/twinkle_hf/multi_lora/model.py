@@ -108,6 +108,26 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
         self.optimizer_group.pop(tenant.adapter_name, None)
 
     # ----------------------------------------------------------- tenant adapters
+    def acquire_lora(self, tenant: str, config: LoraConfig, *, seed: int | None = None) -> str:
+        """``multi_lora.acquire_lora`` as a model method (so a Ray proxy can call it); returns the slot name.
+
+        ``seed`` re-initialises the tenant's LoRA deterministically (peft's init drawn from ``seed``),
+        whatever slot it lands in; without it the tenant starts from the slot's initial weights.
+        """
+        with self.multi_lora.lock:
+            name = self.multi_lora.acquire_lora(tenant, config)
+            if seed is not None:
+                try:
+                    self.slots.seeded_init(self.slots.specs[name], seed)
+                except BaseException:
+                    self.multi_lora.release_lora(tenant)
+                    raise
+            return name
+
+    def release_lora(self, tenant: str) -> None:
+        """``multi_lora.release_lora`` as a model method: the slot's weights back to their initial state."""
+        self.multi_lora.release_lora(tenant)
+
     def load_lora(self, tenant: str, directory: str | Path) -> str:
         """Acquire a slot for ``tenant`` with a saved PEFT adapter's config and weights."""
         with self.multi_lora.lock:

@@ -15,6 +15,7 @@ The hook raises when called outside a route, so nothing ever falls back to some 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -108,6 +109,26 @@ class LoraSlots:
                 spec.zero_unused(name, new_a, new_b)
                 assign(a, new_a)
                 assign(b, new_b)
+
+    @torch.no_grad()
+    def seeded_init(self, spec: TenantSpec, seed: int) -> None:
+        """Re-initialise the tenant's LoRA from ``seed`` as peft does for an ``r``-rank adapter.
+
+        lora_A[:r] gets peft's kaiming-uniform init (a=sqrt(5)) drawn from a generator seeded with
+        ``seed`` layer by layer in slot order, lora_B zeros; so the init depends on the seed and the
+        tenant's config only, not on which slot it got or on max_r.
+        """
+        generator = torch.Generator().manual_seed(int(seed))
+        for name in self.layers:
+            if name not in spec.targets:
+                continue
+            a, b = self.pair(name, spec.slot)
+            init = torch.empty(spec.r, a.shape[1], dtype=torch.float32)
+            torch.nn.init.kaiming_uniform_(init, a=math.sqrt(5), generator=generator)
+            new_a = torch.zeros(a.shape, dtype=a.dtype)
+            new_a[:spec.r] = init
+            assign(a, new_a)
+            assign(b, torch.zeros(b.shape, dtype=b.dtype))
 
     def parameters(self, spec: TenantSpec) -> list[torch.nn.Parameter]:
         """What the tenant trains: lora_A/lora_B of its slot on the layers it targets."""

@@ -71,3 +71,9 @@ class ExamplePlatform(Platform):
     @classmethod
     def is_available(cls):
         return False
+
+
+def example_hello(argv):
+    """The example plugin's ``twinkle example-hello`` command: echoes its arguments, exits 3 on ``--fail``."""
+    print("hello from twinkle-example-plugin:", " ".join(argv))
+    return 3 if "--fail" in argv else 0

@@ -63,3 +63,10 @@ def register_precisions():
 @hookimpl
 def register_platforms():
     return {"example_device": f"{_MODULE}:ExamplePlatform"}
+
+
+@hookimpl
+def register_commands():
+    from twinkle.registry import ComponentSpec
+
+    return {"example-hello": ComponentSpec(f"{_MODULE}:example_hello", description="say hello (example plugin)")}

@@ -1,0 +1,180 @@
+"""twinkle serve under K concurrent tinker clients: batched multi-tenant steps vs time-shared steps.
+
+For K = 1, 2, 4 clients (one API session and one LoRA tenant each) every client runs the same loop
+through the real ``tinker`` client: ``forward_backward`` (cross_entropy on ``--rows`` datums of
+``--length`` tokens) + ``optim_step``, waiting for both, ``--steps`` times after one warm-up step.
+Two servers run side by side on the same model, one with ``--server.batching`` (queued steps of
+several tenants run as one ``forward_backward_multi``) and one without (one tenant per step); the
+runs alternate between them ``--repeats`` times and the median is kept, so a change of machine
+load hits both alike. Reports total tokens/s, the batched/time-shared ratio and p50/p95 of the
+client-side step latency (submit to result of a forward_backward + optim_step), as JSON. Not a
+test: nothing asserts.
+
+The base model is a ~10M-parameter Qwen2-style model with random weights written to a temporary
+directory (``--model`` takes any other model id, e.g. ``twinkle://tiny-qwen``).
+
+    python bench/bench_server.py [--steps 4] [--repeats 2] [--rows 4] [--length 64] [--ks 1,2,4] [--model PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def write_model(directory: Path) -> str:
+    """A ~10M-parameter Qwen2-style model with random weights, saved like a hub checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(0)
+    config = Qwen2Config(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=8192, max_position_embeddings=1024,
+                         tie_word_embeddings=False, pad_token_id=0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(str(directory))
+    return str(directory)
+
+
+def start(model: str, work: Path, keys_file: Path, batching: bool, tenants: int) -> tuple[subprocess.Popen, str]:
+    work.mkdir(parents=True, exist_ok=True)
+    info = work / "server.json"
+    info.unlink(missing_ok=True)
+    log = (work / f"server-{'batched' if batching else 'time_shared'}.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "twinkle.cli.main", "serve", "--server.port", "0",
+                             "--server.work-dir", str(work), "--server.api-keys-file", str(keys_file),
+                             "--model.model-id", model, "--server.max-tenants", str(tenants),
+                             "--server.max-rank", "8", f"--server.{'' if batching else 'no-'}batching",
+                             "--server.metrics-log-s", "0"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while not info.is_file():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not start:\n{Path(log.name).read_text()[-3000:]}")
+        time.sleep(0.3)
+    import httpx
+
+    url = json.loads(info.read_text())["url"]
+    while True:
+        try:
+            if httpx.get(f"{url}/api/v1/healthz", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+
+
+def datums(seed: int, rows: int, length: int) -> list:
+    import numpy as np
+    from tinker import types
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(rows):
+        ids = rng.integers(3, 8000, length + 1).tolist()
+        out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                               loss_fn_inputs={"target_tokens": ids[1:], "weights": [0.0] * 4 + [1.0] * (length - 4)}))
+    return out
+
+
+def run_k(url: str, key: str, base_model: str, k: int, steps: int, rows: int, length: int) -> dict:
+    import numpy as np
+    import tinker
+    from tinker import types
+
+    services = [tinker.ServiceClient(base_url=url, api_key=key) for _ in range(k)]
+    clients = [s.create_lora_training_client(base_model=base_model, rank=8, seed=i).result()
+               for i, s in enumerate(services)]
+    data = [datums(i, rows, length) for i in range(k)]
+    adam = types.AdamParams(learning_rate=1e-4)
+    latencies: list[float] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(k + 1)
+
+    def loop(i: int) -> None:
+        def step() -> float:
+            t0 = time.perf_counter()
+            fwd = clients[i].forward_backward(data[i], "cross_entropy")
+            opt = clients[i].optim_step(adam)
+            fwd.result()
+            opt.result()
+            return time.perf_counter() - t0
+
+        step()  # warm-up
+        barrier.wait()
+        mine = [step() for _ in range(steps)]
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(k)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    for service in services:
+        service.close("success").result()
+    tokens = k * steps * rows * length
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds,
+            "step_latency_p50_s": float(np.percentile(latencies, 50)),
+            "step_latency_p95_s": float(np.percentile(latencies, 95))}
+
+
+def main() -> None:
+    import numpy as np
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--ks", default="1,2,4")
+    parser.add_argument("--model", default=None)
+    args = parser.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+    from twinkle_server.auth import add_key
+
+    modes = {"batched": True, "time_shared": False}
+    with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
+        root = Path(tmp)
+        model = args.model or write_model(root / "model")
+        keys_file = root / "keys.txt"
+        key = add_key(keys_file, "bench")
+        servers = {mode: start(model, root / mode, keys_file, batching, max(ks)) for mode, batching in modes.items()}
+        runs: dict[str, dict[str, list[dict]]] = {f"K={k}": {mode: [] for mode in modes} for k in ks}
+        try:
+            for k in ks:
+                for _ in range(args.repeats):
+                    for mode, (_, url) in servers.items():
+                        runs[f"K={k}"][mode].append(run_k(url, key, model, k, args.steps, args.rows, args.length))
+        finally:
+            for proc, _ in servers.values():
+                os.kill(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=60)
+    results = {}
+    for name, by_mode in runs.items():
+        row = {mode: {field: float(np.median([r[field] for r in reps])) for field in reps[0]}
+               for mode, reps in by_mode.items()}
+        row["tokens_per_s_ratio_batched_vs_time_shared"] = (row["batched"]["tokens_per_s"]
+                                                            / row["time_shared"]["tokens_per_s"])
+        results[name] = row
+    print(json.dumps({"bench": "twinkle serve: batched multi-tenant vs time-shared steps",
+                      "model": args.model or "qwen2 ~10M params (random weights)", "rows": args.rows,
+                      "length": args.length, "steps": args.steps, "repeats (median)": args.repeats,
+                      "machine": platform.machine(), "cpus": os.cpu_count(),
+                      "load_average": os.getloadavg()[0], "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""The HTTP routes of the Tinker API (paths and bodies as the ``tinker`` 0.38 client sends them).
+
+JSON bodies are validated with the client's own pydantic request types; forward/forward_backward
+arrive as protobuf. Every route but ``/api/v1/healthz`` needs an API key. Bodies over
+``server.max_request_mb`` are refused with 413 while they stream in (a lying ``Content-Length``
+too); a client that disconnects mid-request costs nothing but its own request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
+from tinker import types
+
+from twinkle_server.auth import KeyStore, key_from_headers
+from twinkle_server.errors import ApiError
+from twinkle_server.service import Service
+from twinkle_server.wire import PROTO
+
+logger = logging.getLogger("twinkle_server")
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over ``limit`` bytes (declared or streamed), 415 for compressed bodies."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").lower()
+        if encoding not in ("identity", ""):
+            await _send_error(send, 415, f"Content-Encoding {encoding!r} is not supported; send the body "
+                                         "uncompressed (the server's client config says proto_compress_fwdbwd=false).")
+            return
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await _send_error(send, 413, self._message(int(declared)))
+            return
+        received = 0
+
+        async def limited_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:  # a body longer than declared, or chunked: stop reading it
+                    raise ApiError(413, self._message(received))
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    def _message(self, size: int) -> str:
+        return (f"the request body has {size} bytes or more, over this server's limit of {self.limit} "
+                "(server.max_request_mb); send fewer datums per request.")
+
+
+async def _send_error(send: Any, status: int, message: str) -> None:
+    body = json.dumps({"detail": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(service: Service, keys: KeyStore) -> Any:
+    """The FastAPI application over ``service``, wrapped in the body-size limit."""
+    app = FastAPI(title="twinkle-server (Tinker API)", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(ClientDisconnect)
+    async def disconnected(_: Request, __: ClientDisconnect) -> Response:
+        return Response(status_code=400)  # nobody is listening; the request simply ends
+
+    async def owner(request: Request) -> str:
+        key = key_from_headers(request.headers.get("x-api-key"), request.headers.get("authorization"))
+        found = keys.owner(key)
+        if found is None:
+            raise ApiError(401, "missing or unknown API key: pass api_key=... to the client or set TINKER_API_KEY "
+                                "to a key made by `twinkle serve keygen`.")
+        return found
+
+    async def body(request: Request, model: Any) -> Any:
+        raw = await request.body()
+        try:
+            data = json.loads(raw or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the body is not valid JSON ({exc}).") from None
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:5])
+            raise ApiError(400, f"invalid {model.__name__}: {problems}.") from None
+
+    Owner = Depends(owner)
+
+    # --------------------------------------------------------------- service
+    @app.get("/api/v1/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.post("/api/v1/client/config")
+    async def client_config(_: str = Owner) -> dict:
+        return service.client_config()
+
+    @app.post("/api/v1/client/dynamic_config")
+    async def client_dynamic_config(_: str = Owner) -> dict:
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+    @app.get("/api/v1/get_server_capabilities")
+    async def capabilities(_: str = Owner) -> dict:
+        return service.capabilities()
+
+    @app.post("/api/v1/telemetry")
+    async def telemetry(_: str = Owner) -> dict:
+        return {"status": "accepted"}
+
+    @app.post("/api/v1/cancel_future")
+    async def cancel_future(_: str = Owner) -> dict:
+        return {}
+
+    @app.get("/metrics")
+    async def metrics(who: str = Owner) -> PlainTextResponse:
+        return PlainTextResponse(service.metrics.prometheus(owner=who))
+
+    # --------------------------------------------------------------- sessions
+    @app.post("/api/v1/create_session")
+    async def create_session(request: Request, who: str = Owner) -> dict:
+        return service.create_session(who, await body(request, types.CreateSessionRequest))
+
+    @app.post("/api/v1/session_heartbeat")
+    async def heartbeat(request: Request, who: str = Owner) -> dict:
+        return service.heartbeat(who, (await body(request, types.SessionHeartbeatRequest)).session_id)
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str, who: str = Owner) -> dict:
+        service.finish_session(who, session_id)
+        return {}
+
+    @app.get("/api/v1/sessions/{session_id}")
+    async def get_session(session_id: str, who: str = Owner) -> dict:
+        return service.session_info(who, session_id)
+
+    @app.get("/api/v1/sessions")
+    async def list_sessions(who: str = Owner, limit: int = 20, offset: int = 0) -> dict:
+        return {"sessions": service.store.sessions(who)[offset:offset + limit]}
+
+    # ----------------------------------------------------------------- models
+    @app.post("/api/v1/create_model")
+    async def create_model(request: Request, who: str = Owner) -> dict:
+        return service.create_model(who, await body(request, types.CreateModelRequest))
+
+    @app.post("/api/v1/get_info")
+    async def get_info(request: Request, who: str = Owner) -> dict:
+        return service.get_info(who, (await body(request, types.GetInfoRequest)).model_id)
+
+    @app.post("/api/v1/unload_model")
+    async def unload_model(request: Request, who: str = Owner) -> dict:
+        return service.unload_model(who, (await body(request, types.UnloadModelRequest)).model_id)
+
+    # --------------------------------------------------------------- training
+    @app.post("/api/v1/forward_backward")
+    async def forward_backward(request: Request, who: str = Owner) -> dict:
+        if PROTO not in request.headers.get("content-type", ""):
+            raise ApiError(415, f"forward_backward takes a protobuf ForwardBackwardRequest (Content-Type: {PROTO}).")
+        return service.forward_backward(who, await request.body())
+
+    @app.post("/api/v1/optim_step")
+    async def optim_step(request: Request, who: str = Owner) -> dict:
+        return service.optim_step(who, await body(request, types.OptimStepRequest))
+
+    @app.post("/api/v1/retrieve_future")
+    async def retrieve_future(request: Request, who: str = Owner) -> Response:
+        parsed = await body(request, types.FutureRetrieveRequest)
+        status, result, is_proto = await service.retrieve(who, parsed.request_id,
+                                                          PROTO in request.headers.get("accept", ""))
+        if is_proto:
+            return Response(result, status_code=status, media_type=PROTO)
+        return JSONResponse(result, status_code=status)
+
+    # ------------------------------------------------------------ checkpoints
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request, who: str = Owner) -> dict:
+        return service.save_weights(who, await body(request, types.SaveWeightsRequest))
+
+    @app.post("/api/v1/save_weights_for_sampler")
+    async def save_for_sampler(request: Request, who: str = Owner) -> dict:
+        return service.save_weights_for_sampler(who, await body(request, types.SaveWeightsForSamplerRequest))
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request, who: str = Owner) -> dict:
+        return service.load_weights(who, await body(request, types.LoadWeightsRequest))
+
+    @app.get("/api/v1/training_runs/{model_id}/checkpoints")
+    async def list_checkpoints(model_id: str, who: str = Owner) -> dict:
+        return service.list_checkpoints(who, model_id)
+
+    @app.delete("/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
+    async def delete_checkpoint(model_id: str, checkpoint_id: str, who: str = Owner) -> dict:
+        service.delete_checkpoint(who, model_id, checkpoint_id)
+        return {}
+
+    @app.get("/api/v1/training_runs/{model_id}")
+    async def training_run(model_id: str, who: str = Owner) -> dict:
+        return service.training_run(who, model_id)
+
+    @app.get("/api/v1/training_runs")
+    async def training_runs(who: str = Owner, limit: int = 20, offset: int = 0) -> dict:
+        return service.training_runs(who, limit, offset)
+
+    @app.get("/api/v1/checkpoints")
+    async def user_checkpoints(who: str = Owner, limit: int = 100, offset: int = 0) -> dict:
+        return service.list_user_checkpoints(who, limit, offset)
+
+    @app.post("/api/v1/weights_info")
+    async def weights_info(request: Request, who: str = Owner) -> dict:
+        raw = await request.body()
+        try:
+            path = json.loads(raw)["tinker_path"]
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(400, 'weights_info takes {"tinker_path": "tinker://..."}.') from None
+        return service.weights_info(who, path)
+
+    # --------------------------------------------------------------- sampling
+    @app.post("/api/v1/create_sampling_session")
+    async def create_sampling_session(request: Request, who: str = Owner) -> dict:
+        return service.create_sampling_session(who, await body(request, types.CreateSamplingSessionRequest))
+
+    @app.post("/api/v1/join_sampling_session")
+    async def join_sampling_session(request: Request, who: str = Owner) -> dict:
+        parsed = await body(request, types.JoinSamplingSessionRequest)
+        return service.join_sampling_session(who, parsed.sampling_session_id)
+
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def get_sampler(sampler_id: str, who: str = Owner) -> dict:
+        return service.sampler_info(who, sampler_id)
+
+    @app.post("/api/v1/asample")
+    async def asample(request: Request, who: str = Owner) -> dict:
+        return service.asample(who, await body(request, types.SampleRequest))
+
+    return BodyLimit(app, service.config.server.max_request_bytes)

@@ -1,0 +1,219 @@
+"""One worker thread owns the model; requests queue per client model and run in their ``seq_id`` order.
+
+The tinker client numbers every request of a training client (``seq_id``) and expects them to run
+in that order; it may send the chunks of one forward_backward at once, the first one last. Each
+model's queue is therefore ordered by ``seq_id`` and its head runs only when it is the next one
+(or after ``REORDER_WAIT_S``, so a lost request never blocks a model forever).
+
+Among the ready heads the oldest runs first; with batching on, every other ready head that is a
+forward_backward of another tenant joins it in one ``forward_backward_multi`` step. With a batch
+window, a lone forward_backward waits up to that long for company -- but only while other tenants
+are training (sent a forward_backward in the last ``ACTIVE_S`` seconds), so a single tenant never waits. A failing
+request fails its own future only; a failing batch is retried tenant by tenant (nothing is
+applied before the backward), so one tenant's bad request never costs another its step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from twinkle_server.futures import FutureRecord, FutureTable, Result
+from twinkle_server.metrics import Metrics
+
+logger = logging.getLogger("twinkle_server")
+
+#: How long a model's queue waits for a missing earlier seq_id before running what it has.
+REORDER_WAIT_S = 10.0
+#: A tenant that sent a forward_backward this recently counts as training (worth waiting for, see batch window).
+ACTIVE_S = 5.0
+#: Errors that are the request's fault (the client gets category "user"); anything else is "server".
+USER_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, PermissionError)
+
+
+@dataclass
+class Work:
+    """One queued request: its future, the model it belongs to, and how to run it."""
+
+    future: FutureRecord
+    kind: str
+    model_id: str | None
+    seq_id: int | None
+    run: Callable[[], Result] | None = None  # everything except batchable forward_backward
+    step: Any = None  # a StepRequest, for forward_backward (batchable)
+    tokens: int = 0
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class Scheduler:
+    """Per-model ordered queues drained by one worker thread (see the module docstring)."""
+
+    def __init__(self, futures: FutureTable, metrics: Metrics, run_steps: Callable[[list[Work]], dict[str, Result]],
+                 *, batching: bool, batch_window_s: float = 0.0) -> None:
+        self.futures = futures
+        self.metrics = metrics
+        self.run_steps = run_steps
+        self.batching = batching
+        self.batch_window_s = batch_window_s
+        self._cond = threading.Condition()
+        self._queues: dict[str, list[Work]] = {}
+        self._next_seq: dict[str, int] = {}
+        self._seen: dict[tuple[str, int], FutureRecord] = {}
+        self._last_step: dict[str, float] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="twinkle-server-worker", daemon=True)
+
+    # ------------------------------------------------------------- submission
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    def duplicate(self, model_id: str | None, seq_id: int | None) -> FutureRecord | None:
+        """The future already created for this (model, seq_id): a client retry gets the same answer."""
+        if model_id is None or not seq_id:
+            return None
+        with self._cond:
+            return self._seen.get((model_id, seq_id))
+
+    def submit(self, work: Work) -> None:
+        key = work.model_id or f"_{work.future.id}"  # model-less work (sampling sessions...) queues alone
+        with self._cond:
+            if work.model_id is not None and work.seq_id:
+                self._seen[(work.model_id, work.seq_id)] = work.future
+            if work.kind == "forward_backward":
+                self._last_step[key] = time.monotonic()
+            queue = self._queues.setdefault(key, [])
+            queue.append(work)
+            queue.sort(key=lambda w: (w.seq_id or 0, w.enqueued))
+            self._count()
+            self._cond.notify_all()
+
+    def depth(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def _count(self) -> None:
+        self.metrics.queue_depth = self.depth()
+        self.metrics.queued = dict(Counter(w.kind for q in self._queues.values() for w in q))
+
+    def expect(self, model_id: str, seq_id: int) -> None:
+        """A new model's first request is ``seq_id`` (the client numbers from 1); later ones follow it."""
+        with self._cond:
+            self._next_seq[model_id] = seq_id
+            self._cond.notify_all()
+
+    def forget_model(self, model_id: str) -> None:
+        """Drop the seq bookkeeping of an unloaded model."""
+        with self._cond:
+            self._next_seq.pop(model_id, None)
+            self._last_step.pop(model_id, None)
+            for key in [k for k in self._seen if k[0] == model_id]:
+                del self._seen[key]
+
+    # ----------------------------------------------------------------- worker
+    def _ready(self, now: float) -> list[tuple[str, Work]]:
+        ready = []
+        for key, queue in self._queues.items():
+            if not queue:
+                continue
+            head = queue[0]
+            expected = self._next_seq.get(key)
+            in_order = not head.seq_id or expected is None or head.seq_id <= expected
+            if in_order or now - head.enqueued > REORDER_WAIT_S:
+                ready.append((key, head))
+        ready.sort(key=lambda item: item[1].enqueued)
+        return ready
+
+    def _take(self) -> list[Work] | None:
+        """The next work to run (several forward_backward heads when batching), or None when stopping."""
+        with self._cond:
+            while True:
+                if self._stopping:
+                    return None
+                ready = self._ready(time.monotonic())
+                if ready:
+                    break
+                self._cond.wait(timeout=1.0 if self.depth() else None)
+            first_key, first = ready[0]
+            chosen = [(first_key, first)]
+            if self.batching and first.kind == "forward_backward":
+                ready = self._wait_for_company(first_key, ready)
+                chosen += [(k, w) for k, w in ready if k != first_key and w.kind == "forward_backward"]
+            for key, work in chosen:
+                self._queues[key].pop(0)
+                if not self._queues[key]:
+                    del self._queues[key]
+                if work.seq_id:
+                    self._next_seq[key] = max(self._next_seq.get(key, 0), work.seq_id + 1)
+            self._count()
+            return [w for _, w in chosen]
+
+    def _wait_for_company(self, key: str, ready: list[tuple[str, Work]]) -> list[tuple[str, Work]]:
+        """With a batch window: wait (up to it) until another training tenant's forward_backward is ready too."""
+        deadline = time.monotonic() + self.batch_window_s
+
+        def company(items: list[tuple[str, Work]]) -> bool:
+            return any(k != key and w.kind == "forward_backward" for k, w in items)
+
+        while not company(ready) and not self._stopping:
+            now = time.monotonic()
+            training = any(k != key and now - t < ACTIVE_S for k, t in self._last_step.items())
+            if not training or now >= deadline:
+                break
+            self._cond.wait(timeout=deadline - now)
+            ready = self._ready(time.monotonic())
+        return ready
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            for work in batch:
+                self.futures.start(work.future.id)
+            started = time.monotonic()
+            if batch[0].kind == "forward_backward":
+                self._run_steps(batch)
+            else:
+                self._run_one(batch[0])
+            self.metrics.record(batch, time.monotonic() - started)
+
+    def _run_one(self, work: Work) -> None:
+        try:
+            result = work.run()
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the client
+            self._fail(work, exc)
+            return
+        self.futures.complete(work.future.id, result)
+
+    def _run_steps(self, batch: list[Work]) -> None:
+        try:
+            results = self.run_steps(batch)
+        except BaseException as exc:  # noqa: BLE001
+            if len(batch) == 1:
+                self._fail(batch[0], exc)
+                return
+            logger.warning("batched step of %d tenants failed (%s: %s); running them one by one",
+                           len(batch), type(exc).__name__, exc)
+            for work in batch:
+                self._run_steps([work])
+            return
+        for work in batch:
+            self.futures.complete(work.future.id, results[work.future.id])
+
+    def _fail(self, work: Work, exc: BaseException) -> None:
+        user = isinstance(exc, USER_ERRORS)
+        if not user:
+            logger.error("%s %s failed:\n%s", work.kind, work.future.id, traceback.format_exc())
+        message = f"{type(exc).__name__}: {exc}" if not user else str(exc)
+        self.futures.fail(work.future.id, message, "user" if user else "server")

@@ -1,0 +1,174 @@
+"""Build the service from a :class:`ServerConfig` and run it under uvicorn (one process).
+
+Order: runtime (``twinkle.initialize``, seeded: a ``twinkle://`` base model's random init is the
+same on every start) -> the shared multi-tenant model from the registry (local, or Ray actors with
+``--infra.mode ray``) -> registry recovery -> HTTP. On start it prints the URL and the two
+environment variables that point the ``tinker`` client at it, and writes them to
+``<work_dir>/server.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from twinkle_server.auth import KeyStore
+from twinkle_server.config import ServerConfig
+from twinkle_server.engine import Engine
+from twinkle_server.paths import CheckpointDirs
+from twinkle_server.service import Service
+from twinkle_server.store import Store
+from twinkle_server.targets import layer_families, tokenizer_dir
+
+logger = logging.getLogger("twinkle_server")
+
+
+def build_model(config: ServerConfig, targets: dict[str, list[str]]) -> Any:
+    """The shared model: ``config.model.type`` from the registry, with one LoRA slot per tenant."""
+    from twinkle.registry import resolve
+    from twinkle.trainer import _infra
+
+    cls = resolve("model", config.model.type)
+    modules = [m for names in targets.values() for m in names]
+    server = config.server
+    if config.infra.mode == "local":  # a random-init base (twinkle:// assets) then depends on the seed only
+        from twinkle.runtime import seed_everything
+
+        seed_everything(server.seed)
+    return cls(model_id=config.model.model_id, mixed_precision=config.model.mixed_precision,
+               max_loras=server.max_tenants, max_r=server.max_rank, max_length=server.max_length,
+               target_modules=modules, **config.model.kwargs, **_infra.model_kwargs(_trainer_view(config)))
+
+
+def _trainer_view(config: ServerConfig) -> Any:
+    """What ``twinkle.trainer._infra`` reads of a config (its ``infra`` and ``seed``): the same runtime set-up."""
+    return SimpleNamespace(infra=config.infra, seed=config.server.seed)
+
+
+def build_service(config: ServerConfig) -> Service:
+    """Everything but the HTTP listener; the service's worker is started."""
+    from twinkle.hub import resolve_path
+    from twinkle.trainer import _infra
+
+    work_dir = Path(config.server.work_dir).expanduser().resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(work_dir / "registry.sqlite")
+    _infra.initialize(_trainer_view(config))
+    model_path = resolve_path(config.model.model_id)
+    targets = layer_families(model_path)
+    model = build_model(config, targets)
+    tokenizer = tokenizer_dir(model_path)
+    batching = config.server.batching
+    if batching and config.infra.mode == "ray" and config.infra.dp_size > 1:
+        # forward_backward_multi reaches every rank with all rows (no per-tenant data split): per-tenant steps,
+        # which slice each tenant's rows over the data-parallel ranks, stay exact
+        logger.info("batched multi-tenant steps are off with infra.dp_size > 1; tenants take turns")
+        batching = False
+    engine = Engine(model, targets, lora_alpha=config.server.lora_alpha, max_rank=config.server.max_rank,
+                    batching=batching, sampler=build_sampler(config, model, tokenizer))
+    arch = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
+    service = Service(config, engine, store, CheckpointDirs(work_dir), arch=arch, tokenizer_id=tokenizer)
+    service.start()
+    return service
+
+
+def build_sampler(config: ServerConfig, model: Any, tokenizer: str | None) -> Any:
+    """A TorchSampler on the shared model's own weights (local mode; a Ray proxy has no local weights).
+
+    The tokenizer serves stop strings; without one only stop token ids work.
+    """
+    if config.infra.mode != "local":
+        return None
+    try:
+        from twinkle.registry import resolve
+
+        loaded = None
+        if tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            loaded = AutoTokenizer.from_pretrained(tokenizer)
+        return resolve("sampler", "TorchSampler")(model, tokenizer=loaded)
+    except Exception as exc:  # noqa: BLE001 - a server without sampling still trains
+        logger.warning("no sampler (%s: %s); sampling requests will be refused", type(exc).__name__, exc)
+        return None
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound, listening socket (port 0: a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(config: ServerConfig) -> int:
+    """Run until interrupted: build, listen, print where, serve."""
+    import uvicorn
+
+    from twinkle_server.app import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    keys = _keys(config)
+    sock = listen(config.server.host, config.server.port)
+    service = build_service(config)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{host}:{port}"
+    _announce(config, url)
+    stop = threading.Event()
+    threading.Thread(target=_housekeeping, args=(service, stop), daemon=True, name="housekeeping").start()
+    server = uvicorn.Server(uvicorn.Config(create_app(service, keys), log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        stop.set()
+        service.stop()
+        from twinkle.trainer import _infra
+
+        _infra.shutdown(_trainer_view(config))  # ray mode: the model actors (and a Ray it started) stop
+    return 0
+
+
+def _keys(config: ServerConfig) -> KeyStore:
+    from twinkle.trainer._validate import ConfigError
+
+    if config.server.api_keys_file is None:
+        raise ConfigError("server.api_keys_file is required: create a key with `twinkle serve keygen OWNER "
+                          "--keys-file keys.txt` and start with --server.api-keys-file keys.txt.")
+    return KeyStore.from_file(config.server.api_keys_file)
+
+
+def _announce(config: ServerConfig, url: str) -> None:
+    work_dir = Path(config.server.work_dir).expanduser().resolve()
+    info = {"url": url, "base_model": config.base_model_name, "work_dir": str(work_dir)}
+    (work_dir / "server.json").write_text(json.dumps(info))
+    print(f"twinkle serve: serving {config.base_model_name!r} at {url} (work dir {work_dir})\n"
+          f"  point the tinker client at it:\n"
+          f"    export TINKER_BASE_URL={url}\n"
+          f"    export TINKER_API_KEY=<a key from `twinkle serve keygen`>\n"
+          f"  then: tinker.ServiceClient().create_lora_training_client(base_model={config.base_model_name!r})\n"
+          f"  metrics: {url}/metrics", flush=True)
+
+
+def _housekeeping(service: Service, stop: threading.Event) -> None:
+    """Session expiry, futures pruning and the periodic metrics log line."""
+    every = service.config.server.metrics_log_s
+    last_log = time.monotonic()
+    while not stop.wait(5.0):
+        try:
+            service.expire_sessions()
+            service.futures.prune()
+            if every and time.monotonic() - last_log >= every:
+                last_log = time.monotonic()
+                logger.info("metrics: %s", service.metrics.log_line())
+        except Exception:  # noqa: BLE001 - housekeeping must never stop the server
+            logger.exception("housekeeping failed")

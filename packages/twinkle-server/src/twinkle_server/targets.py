@@ -1,0 +1,47 @@
+"""Which linear layers Tinker's ``train_attn`` / ``train_mlp`` / ``train_unembed`` switch on, for any HF model.
+
+The layers are listed from the model's config on the meta device (no weights, no memory): the
+output embedding is ``unembed``, layers under an attention block are ``attn``, every other linear
+layer (MLP, experts) is ``mlp``. Families are given by leaf name (``q_proj``) when that is
+unambiguous, else by full module name. The shared model's LoRA slots cover all three families.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("attn", "mlp", "unembed")
+
+
+def layer_families(model_path: str, model_cls: Any = None) -> dict[str, list[str]]:
+    """``{"attn": [...], "mlp": [...], "unembed": [...]}`` target_modules of the model at ``model_path``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    cls = model_cls or AutoModelForCausalLM
+    with torch.device("meta"):
+        model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+    output = model.get_output_embeddings()
+    full: dict[str, list[str]] = {family: [] for family in FAMILIES}
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        if module is output:
+            full["unembed"].append(name)
+        elif any("attn" in part or "attention" in part for part in name.split(".")[:-1]):
+            full["attn"].append(name)
+        else:
+            full["mlp"].append(name)
+    leaves = {family: sorted({n.rsplit(".", 1)[-1] for n in names}) for family, names in full.items()}
+    everything = [leaf for names in leaves.values() for leaf in names]
+    if len(everything) == len(set(everything)):
+        return leaves
+    return full
+
+
+def tokenizer_dir(model_path: str) -> str | None:
+    """The model directory when it holds a tokenizer (the client's ``get_tokenizer`` loads it from there)."""
+    path = Path(model_path)
+    return str(path) if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")) else None

@@ -1,0 +1,318 @@
+"""The service's parts without a model: paths, keys, wire format, ordering/batching, registry, metrics."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from tinker import types
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
+
+from twinkle.trainer._validate import ConfigError
+from twinkle_server.auth import KeyStore, add_key, hash_key, key_from_headers
+from twinkle_server.futures import FutureTable, Result
+from twinkle_server.metrics import Metrics, percentile
+from twinkle_server.paths import CheckpointDirs, PathError, parse_checkpoint_id, parse_tinker_path
+from twinkle_server.scheduler import Scheduler, Work
+from twinkle_server.store import Store
+from twinkle_server.wire import (
+    Sampled,
+    WireError,
+    decode_step_request,
+    forward_backward_output,
+    sample_response,
+)
+
+MODEL = "abc123:train:0"
+
+
+# ------------------------------------------------------------------------------ paths
+@pytest.mark.parametrize("path", [
+    "tinker://abc123:train:0/weights/../../etc", "tinker://abc123:train:0/weights/a/b", "tinker://../weights/x",
+    "tinker://abc123:train:0/optimizer/x", "/etc/passwd", "tinker://abc123:train:0/weights/.hidden",
+    "tinker://abc123:train:0/weights/", "tinker://abc/123:train:0/weights/x", "file:///tmp/x",
+])
+def test_checkpoint_paths_that_could_escape_are_refused(path):
+    with pytest.raises(PathError):
+        parse_tinker_path(path)
+
+
+def test_checkpoint_paths_map_inside_the_work_dir_only(tmp_path):
+    dirs = CheckpointDirs(tmp_path / "work")
+    ref = parse_tinker_path(f"tinker://{MODEL}/sampler_weights/step-1")
+    assert (ref.kind, ref.name, ref.checkpoint_id, ref.checkpoint_type) == ("sampler_weights", "step-1",
+                                                                           "sampler_weights/step-1", "sampler")
+    assert ref.tinker_path == f"tinker://{MODEL}/sampler_weights/step-1"
+    directory = dirs.directory(ref)
+    assert dirs.root in directory.parents and directory.name == "step-1"
+    assert parse_checkpoint_id(MODEL, "weights/a.b-c_1").name == "a.b-c_1"
+    with pytest.raises(PathError):
+        parse_checkpoint_id(MODEL, "weights/../../x")
+    # a symlink planted inside the work dir must not lead outside it
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dirs.kind_dir(MODEL, "weights").mkdir(parents=True)
+    os.symlink(outside, dirs.kind_dir(MODEL, "weights") / "link")
+    with pytest.raises(PathError, match="outside"):
+        dirs.directory(parse_tinker_path(f"tinker://{MODEL}/weights/link"))
+
+
+# ------------------------------------------------------------------------------- keys
+def test_keys_are_stored_hashed_and_map_to_their_owner(tmp_path):
+    path = tmp_path / "keys.txt"
+    alice, bob = add_key(path, "alice"), add_key(path, "bob")
+    text = path.read_text()
+    assert alice.startswith("tml-") and alice not in text and bob not in text
+    assert hash_key(alice) in text and oct(path.stat().st_mode)[-3:] == "600"
+    keys = KeyStore.from_file(path)
+    assert keys.owner(alice) == "alice" and keys.owner(bob) == "bob"
+    assert keys.owner(alice + "x") is None and keys.owner("") is None and keys.owner(None) is None
+    assert key_from_headers(None, f"Bearer {bob}") == bob and key_from_headers(alice, "Bearer x") == alice
+    with pytest.raises(ConfigError, match="already has a key"):
+        add_key(path, "alice")
+
+
+@pytest.mark.parametrize("text,words", [("alice tml-rawkeyinthefile\n", "not a raw key"), ("", "holds no keys"),
+                                        (f"a {'0' * 64}\na {'1' * 64}\n", "appears twice")])
+def test_bad_keys_files_are_refused_with_the_fix(tmp_path, text, words):
+    path = tmp_path / "keys.txt"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        KeyStore.from_file(path)
+    with pytest.raises(ConfigError, match="twinkle serve keygen"):
+        KeyStore.from_file(tmp_path / "missing.txt")
+
+
+# ------------------------------------------------------------------------------- wire
+def _request(data, loss_fn="ppo", config=None):
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn, loss_fn_config=config),
+        model_id=MODEL, seq_id=7)
+    return forward_backward_request_to_proto(request)
+
+
+def test_forward_backward_requests_decode_from_the_clients_own_encoding():
+    dense = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7]),
+                        loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [0.0, 1.0, 0.5],
+                                        "logprobs": [-1.0, -2.0, -3.0], "advantages": [0.5, 0.5, 0.5]})
+    sparse = types.Datum(model_input=types.ModelInput(chunks=[types.EncodedTextChunk(tokens=[9, 10]),
+                                                              types.EncodedTextChunk(tokens=[11])]),
+                         loss_fn_inputs={"target_tokens": [10, 11, 12],
+                                         "weights": types.TensorData(data=[2.0], dtype="float32", shape=[1, 3],
+                                                                     sparse_crow_indices=[0, 1],
+                                                                     sparse_col_indices=[2])})
+    message = _request([dense, sparse], config={"clip_low_threshold": 0.7, "clip_high_threshold": 1.3})
+    message.forward_only = True
+    step = decode_step_request(message.SerializeToString(), max_length=16)
+    assert (step.model_id, step.seq_id, step.loss_fn, step.forward_only) == (MODEL, 7, "ppo", True)
+    assert step.loss_fn_config == {"clip_low_threshold": pytest.approx(0.7), "clip_high_threshold": pytest.approx(1.3)}
+    assert step.rows[0] == {"input_ids": [5, 6, 7], "target_tokens": [6, 7, 8], "weights": [0.0, 1.0, 0.5],
+                            "logprobs": [-1.0, -2.0, -3.0], "advantages": [0.5, 0.5, 0.5]}
+    assert step.rows[1] == {"input_ids": [9, 10, 11], "target_tokens": [10, 11, 12], "weights": [0.0, 0.0, 2.0]}
+    assert step.num_tokens == 6
+
+
+@pytest.mark.parametrize("body,words", [
+    (b"\xff\xff\xff", "not a valid protobuf"),
+    ("too_long", "at most 4 per datum"),
+    ("bad_length", "has 2 values for 3 input tokens"),
+    ("unknown_input", "built-in losses read"),
+    ("nan", "NaN or infinite"),
+    ("empty", "no data"),
+])
+def test_bad_forward_backward_bodies_are_clear_errors(body, words):
+    datum = {"too_long": types.Datum(model_input=types.ModelInput.from_ints([1] * 5), loss_fn_inputs={}),
+             "bad_length": types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
+                                       loss_fn_inputs={"target_tokens": [1, 2]}),
+             "unknown_input": types.Datum(model_input=types.ModelInput.from_ints([1]),
+                                          loss_fn_inputs={"mask": types.TensorData(data=[1.0], dtype="float32")}),
+             "nan": types.Datum(model_input=types.ModelInput.from_ints([1]),
+                                loss_fn_inputs={"weights": [float("nan")]})}
+    if isinstance(body, str) and body in datum:
+        body = _request([datum[body]]).SerializeToString()
+    elif body == "empty":
+        message = _request([datum["nan"]])
+        del message.data[:]
+        body = message.SerializeToString()
+    with pytest.raises(WireError, match=words):
+        decode_step_request(body, max_length=4)
+
+
+def test_outputs_decode_with_the_clients_own_decoders():
+    outputs = [{"logprobs": np.array([-0.5, -1.5], dtype=np.float32)}, {"logprobs": np.array([-2.0], np.float32)}]
+    decoded = deserialize_forward_backward_output(forward_backward_output(outputs, {"loss:sum": 3.5}))
+    assert decoded.metrics == {"loss:sum": 3.5}
+    assert [o["logprobs"].tolist() for o in decoded.loss_fn_outputs] == [[-0.5, -1.5], [-2.0]]
+    sampled = deserialize_sample_response(sample_response(
+        [Sampled([4, 5], [-0.25, -0.5], "length"), Sampled([6], None, "stop")], [None, -1.0, -2.0]))
+    assert [(s.tokens, s.logprobs, s.stop_reason) for s in sampled.sequences] == [
+        ([4, 5], [-0.25, -0.5], "length"), ([6], None, "stop")]
+    assert sampled.prompt_logprobs == [None, -1.0, -2.0]
+
+
+# --------------------------------------------------------------- ordering and batching
+class _Recorder:
+    """A fake step runner: records what ran together; fails for requests marked 'bad'."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.gate = threading.Event()
+
+    def __call__(self, batch):
+        self.gate.wait(10)
+        self.batches.append([w.model_id for w in batch])
+        if any(w.step == "bad" for w in batch):
+            raise ValueError("bad request")
+        return {w.future.id: Result({"ok": w.model_id}) for w in batch}
+
+
+@pytest.fixture
+def table(tmp_path):
+    store = Store(tmp_path / "registry.sqlite")
+    yield FutureTable(store)
+    store.close()
+
+
+def _work(table, kind, model_id, seq_id, step=None, run=None):
+    return Work(table.create("alice", model_id, kind), kind, model_id, seq_id, run=run, step=step)
+
+
+def _wait(records, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not all(r.finished for r in records):
+        assert time.monotonic() < deadline, [r.state for r in records]
+        time.sleep(0.01)
+
+
+def test_requests_of_a_model_run_in_seq_id_order_and_tenants_batch(table):
+    recorder = _Recorder()
+    order: list[int] = []
+    scheduler = Scheduler(table, Metrics(), recorder, batching=True)
+    scheduler.expect("m1", 1)  # as for a newly created model
+    scheduler.start()
+    works = [_work(table, "optim_step", "m1", 3, run=lambda: order.append(3) or Result({})),
+             _work(table, "optim_step", "m1", 2, run=lambda: order.append(2) or Result({})),
+             _work(table, "forward_backward", "m2", 1), _work(table, "forward_backward", "m3", 1)]
+    for work in works:
+        scheduler.submit(work)
+    time.sleep(0.2)
+    assert order == [] and recorder.batches == []  # m1 waits for seq 1; the steps wait at the gate
+    first = _work(table, "forward_backward", "m1", 1)
+    scheduler.submit(first)
+    recorder.gate.set()
+    _wait([w.future for w in works] + [first.future])
+    assert order == [2, 3]
+    assert sorted(map(sorted, recorder.batches)) in ([["m1", "m2", "m3"]], [["m1"], ["m2", "m3"]],
+                                                     [["m1", "m2"], ["m3"]], [["m1", "m3"], ["m2"]])
+    assert scheduler.duplicate("m1", 2) is works[1].future  # a client retry gets the same future
+    scheduler.stop()
+
+
+def test_a_failing_request_in_a_batch_fails_alone(table):
+    recorder = _Recorder()
+    scheduler = Scheduler(table, Metrics(), recorder, batching=True)
+    good, bad = _work(table, "forward_backward", "m1", 1), _work(table, "forward_backward", "m2", 1, step="bad")
+    scheduler.submit(good)
+    scheduler.submit(bad)
+    scheduler.start()
+    recorder.gate.set()
+    _wait([good.future, bad.future])
+    assert recorder.batches[0] == ["m1", "m2"] and sorted(recorder.batches[1:]) == [["m1"], ["m2"]]
+    assert good.future.state == "done" and good.future.result.json == {"ok": "m1"}
+    assert bad.future.state == "failed" and bad.future.category == "user" and bad.future.error == "bad request"
+    scheduler.stop()
+
+
+def test_lost_futures_answer_an_error_after_a_restart(tmp_path):
+    store = Store(tmp_path / "registry.sqlite")
+    first = FutureTable(store)
+    queued, done, kept = (first.create("alice", MODEL, k) for k in ("forward_backward", "forward_backward", "save"))
+    first.complete(done.id, Result({"big": 1}, proto=b"\x00", persist=False))
+    first.complete(kept.id, Result({"path": "tinker://x"}))
+    store.close()
+    store = Store(tmp_path / "registry.sqlite")  # the restarted server
+    assert store.fail_unfinished_futures("lost in a restart") == 1
+    again = FutureTable(store)
+    assert again.get(queued.id, "alice").error == "lost in a restart"
+    assert "held in memory" in again.get(done.id, "alice").error
+    assert again.get(kept.id, "alice").result.json == {"path": "tinker://x"}
+    assert again.get(kept.id, "bob") is None  # another key: not found
+    store.close()
+
+
+def test_percentiles_match_numpy():
+    rng = np.random.default_rng(0)
+    values = rng.exponential(size=101).tolist()
+    for q in (0.5, 0.95):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q * 100)))
+    assert percentile([], 0.5) is None
+
+
+def test_a_lone_step_waits_for_other_training_tenants_only(table):
+    recorder = _Recorder()
+    recorder.gate.set()
+    scheduler = Scheduler(table, Metrics(), recorder, batching=True, batch_window_s=1.5)
+    scheduler.start()
+    alone = _work(table, "forward_backward", "m1", None)
+    started = time.monotonic()
+    scheduler.submit(alone)
+    _wait([alone.future])
+    assert time.monotonic() - started < 1.0  # nobody else trains: no waiting
+    warm = _work(table, "forward_backward", "m2", None)
+    scheduler.submit(warm)
+    _wait([warm.future])
+    first, second = _work(table, "forward_backward", "m1", None), _work(table, "forward_backward", "m2", None)
+    scheduler.submit(first)  # m2 trains too: m1's step waits for m2's
+    time.sleep(0.3)
+    scheduler.submit(second)
+    _wait([first.future, second.future])
+    assert recorder.batches[-1] == ["m1", "m2"]
+    scheduler.stop()
+
+
+# ------------------------------------------------------------- service limits and sessions
+class _IdleEngine:
+    """An engine whose model is never called: these tests stop before the worker runs anything."""
+
+    batching = False
+    sampler = None
+    targets = {"attn": ["q_proj"], "mlp": [], "unembed": []}
+
+
+@pytest.fixture
+def service(tmp_path):
+    from twinkle_server.config import ServerConfig, ServiceConfig
+    from twinkle_server.paths import CheckpointDirs
+    from twinkle_server.service import Service
+
+    store = Store(tmp_path / "registry.sqlite")
+    config = ServerConfig(server=ServiceConfig(max_inflight_per_key=3, session_timeout_s=60))
+    yield Service(config, _IdleEngine(), store, CheckpointDirs(tmp_path), arch="qwen2", tokenizer_id=None)
+    store.close()
+
+
+def test_each_key_may_queue_only_so_many_requests(service):
+    from twinkle_server.errors import ApiError
+
+    for _ in range(3):
+        service.submit("alice", "optim_step", MODEL, None, run=lambda: Result({}))
+    with pytest.raises(ApiError, match="3 requests queued or running") as refused:
+        service.submit("alice", "optim_step", MODEL, None, run=lambda: Result({}))
+    assert refused.value.status == 429
+    service.submit("bob", "optim_step", MODEL, None, run=lambda: Result({}))  # another key is not limited
+
+
+def test_a_session_without_heartbeat_ends_and_unloads_its_models(service):
+    service.store.add_session("s1", "alice", None, "0.38.0")
+    service.store.add_session("s2", "alice", None, "0.38.0")
+    service.store.add_model("s1:train:0", "alice", "s1", "base", {"rank": 4}, None)
+    service.store._db.execute("UPDATE sessions SET heartbeat = heartbeat - 120 WHERE id = 's1'")
+    service.expire_sessions()
+    assert service.store.session("s1", "alice")["finished"] == 1
+    assert service.store.session("s2", "alice")["finished"] == 0
+    queued = [w for q in service.scheduler._queues.values() for w in q]
+    assert [(w.kind, w.model_id) for w in queued] == [("unload_model", "s1:train:0")]

@@ -1,0 +1,106 @@
+"""SFT through the real tinker client equals twinkle's component API on the same data and LoRA init."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ALL_LAYERS, BASE_MODEL
+from server_testing import adapter_tensors, reference_model, rows, sft_datums, weighted_nll
+from tinker import types
+
+STEPS = 6
+ADAM = {"learning_rate": 2e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.01}
+
+
+def test_sft_loop_through_the_client_equals_the_component_api(server, alice):
+    training = alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=1234).result()
+    info = training.get_info()
+    assert (info.model_data.model_name, info.lora_rank, info.is_lora) == (BASE_MODEL, 8, True)
+    tokenizer = training.get_tokenizer()  # loads offline from the tokenizer_id the server reports
+    datums = sft_datums(tokenizer)
+
+    client_losses, client_metrics = [], []
+    for _ in range(STEPS):
+        fwd = training.forward_backward(datums, "cross_entropy")
+        opt = training.optim_step(types.AdamParams(**ADAM))
+        result = fwd.result()
+        client_metrics.append(opt.result().metrics)
+        client_losses.append(result.metrics["loss:sum"])
+        # the reported loss is Tinker's definition applied to the returned per-token logprobs
+        assert result.metrics["loss:sum"] == pytest.approx(weighted_nll(result, datums), rel=1e-5)
+        assert [len(o["logprobs"].data) for o in result.loss_fn_outputs] == [d.model_input.length for d in datums]
+    saved = training.save_weights_for_sampler("final").result().path
+    assert client_losses[-1] < 0.7 * client_losses[0]  # it learns
+
+    # the same run written against the component API, as a training script would
+    model = reference_model()
+    config = __import__("peft").LoraConfig(r=8, lora_alpha=32, lora_dropout=0.0, target_modules=ALL_LAYERS)
+    model.acquire_lora("ref", config, seed=1234)
+    model.set_optimizer("AdamW", adapter_name="ref", lr=ADAM["learning_rate"], betas=(ADAM["beta1"], ADAM["beta2"]),
+                        eps=ADAM["eps"], weight_decay=ADAM["weight_decay"])
+    model.set_loss("cross_entropy", adapter_name="ref")
+    script_losses = []
+    for _ in range(STEPS):
+        script_losses.append(model.forward_backward(inputs=rows(datums), adapter_name="ref"))
+        model.clip_grad_and_step(max_grad_norm=None, adapter_name="ref")
+    diffs = [abs(a - b) / abs(b) for a, b in zip(client_losses, script_losses)]
+    print(f"SFT loss via client vs component API: max rel diff {max(diffs):.2e}; losses {client_losses}")
+    assert max(diffs) < 1e-5
+    served = adapter_tensors(server.checkpoint_dir(saved))
+    local = model.get_state_dict(adapter_name="ref")
+    assert served.keys() == local.keys()
+    for key in local:
+        torch.testing.assert_close(served[key], local[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert all("grad_norm:mean" in m for m in client_metrics)
+
+
+def test_forward_reports_without_training_and_accumulation_sums(server, alice):
+    """forward() leaves the weights alone; two forward_backward calls before a step add their gradients.
+
+    eps=1 keeps Adam's first update proportional to the gradient (a tiny eps makes it ~sign(grad), blind
+    to whether the two halves were summed or averaged).
+    """
+    adam = types.AdamParams(learning_rate=1e-2, eps=1.0)
+    training = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=7).result()
+    datums = sft_datums(training.get_tokenizer())
+    before = training.forward(datums, "cross_entropy").result()
+    again = training.forward(datums, "cross_entropy").result()
+    assert before.metrics["loss:sum"] == again.metrics["loss:sum"]
+    training.forward_backward(datums[:2], "cross_entropy").result()
+    training.forward_backward(datums[2:], "cross_entropy").result()
+    training.optim_step(adam).result()
+    split = training.save_weights_for_sampler("split").result().path
+
+    whole = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=7).result()
+    whole.forward_backward(datums, "cross_entropy").result()
+    whole.optim_step(adam).result()
+    together = whole.save_weights_for_sampler("together").result().path
+    a, b = adapter_tensors(server.checkpoint_dir(split)), adapter_tensors(server.checkpoint_dir(together))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_forward_backward_custom_runs_client_side_on_top_of_cross_entropy(server, alice):
+    """The client's two-phase custom loss (forward, then cross_entropy with weights = -dL/dlogprobs) works here.
+
+    A custom loss equal to Tinker's cross_entropy must give the same update as cross_entropy itself.
+    """
+    adam = types.AdamParams(learning_rate=1e-2, eps=1.0)
+    custom = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()
+    datums = sft_datums(custom.get_tokenizer())
+
+    def nll(data, logprobs):
+        loss = sum(-(lp * torch.as_tensor(d.loss_fn_inputs["weights"].to_numpy())).sum()
+                   for d, lp in zip(data, logprobs))
+        return loss, {"custom_nll:sum": float(loss.detach())}
+
+    result = custom.forward_backward_custom(datums, nll).result()
+    custom.optim_step(adam).result()
+    plain = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()
+    reference = plain.forward_backward(datums, "cross_entropy").result()
+    plain.optim_step(adam).result()
+    assert result.metrics["loss:sum"] == pytest.approx(reference.metrics["loss:sum"], rel=1e-5)
+    a = adapter_tensors(server.checkpoint_dir(custom.save_weights_for_sampler("custom").result().path))
+    b = adapter_tensors(server.checkpoint_dir(plain.save_weights_for_sampler("plain").result().path))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6, msg=key)
