@@ -70,7 +70,7 @@ def reference_model(max_r: int = 16, seed: int = 0) -> Any:
     from twinkle.runtime import seed_everything
 
     seed_everything(seed)
-    from conftest import ALL_LAYERS, BASE_MODEL
+    from server_proc import ALL_LAYERS, BASE_MODEL
 
     return MultiLoraTransformersModel(model_id=BASE_MODEL, mixed_precision="no", max_loras=2, max_r=max_r,
                                       target_modules=ALL_LAYERS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import tinker
-from conftest import BASE_MODEL
+from server_proc import BASE_MODEL
 from server_testing import sft_datums, train_steps
 from tinker import types
 

@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 import pytest
 import tinker
-from conftest import BASE_MODEL
+from server_proc import BASE_MODEL
 from server_testing import sft_datums
 from tinker import types
 

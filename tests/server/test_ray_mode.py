@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BASE_MODEL, SHARED_OPTIONS, start_server
+from server_proc import BASE_MODEL, SHARED_OPTIONS, start_server
 from server_testing import adapter_tensors, sft_datums, train_steps
 from tinker import types
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import tinker
-from conftest import BASE_MODEL
+from server_proc import BASE_MODEL
 from server_testing import sft_datums, train_steps
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import BASE_MODEL
+from server_proc import BASE_MODEL
 from server_testing import sft_datums
 from tinker import types
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ALL_LAYERS, BASE_MODEL
+from server_proc import ALL_LAYERS, BASE_MODEL
 from server_testing import adapter_tensors, reference_model, rows, sft_datums, weighted_nll
 from tinker import types
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from conftest import BASE_MODEL
+from server_proc import BASE_MODEL
 from server_testing import TEXTS, adapter_tensors, sft_datums, tensors_hash, train_steps
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
