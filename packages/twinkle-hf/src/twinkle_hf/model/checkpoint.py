@@ -79,6 +79,17 @@ class CheckpointMixin:
 
             load_export(self, group, directory)
             return
+        if self._weights_dir is not None and not group.is_adapter:  # not sharded yet: read the shards from here
+            from twinkle_hf.model.meta import missing_from_files, safetensors_keys
+
+            keys = safetensors_keys(directory)
+            missing = missing_from_files(self._hf_model(), keys or {})
+            if keys is None or missing:
+                raise CheckpointError(f"{str(directory)!r} holds no safetensors weights for this model (missing e.g. "
+                                      f"{missing[:3]}); load() takes a directory written by save() or "
+                                      "save_pretrained().")
+            self._weights_dir = str(directory)
+            return
         self._load_weights(group, directory)
 
     def resume_from_checkpoint(self, checkpoint_dir: str, resume_only_model: bool = False, *,
@@ -110,6 +121,8 @@ class CheckpointMixin:
         if kwargs:
             raise TypeError(f"get_state_dict() got unexpected arguments {sorted(kwargs)}.")
         group = self._group(adapter_name)
+        if self._weights_dir is not None:  # built on the meta device: the shards exist once wrapped
+            self._ensure_wrapped()
         state = adapter_state_dict(self.model, group.name) if group.is_adapter else self._hf_model().state_dict()
         if self.dist_plan.sharded:  # full tensors, gathered from the shards (every rank takes part)
             from twinkle_hf.distributed.checkpoint import gathered_state
