@@ -25,16 +25,19 @@ def _equal(a: dict, b: dict) -> list[str]:
     return [k for k in a if not torch.equal(a[k], b[k])]
 
 
-def test_an_fp16_overflow_in_one_ranks_shard_skips_the_step_on_every_rank(training_job) -> None:
-    ranks = [training_job.load("fsdp_fp16_skip", r) for r in (0, 1)]
-    for got in ranks:  # rank 1 alone held the inf; both skipped step 2 (scale halved, no step, no lr change)
+@pytest.mark.parametrize("name,world", [("fsdp_fp16_skip", 2), ("hsdp_fp16_skip", 4)])
+def test_an_fp16_overflow_in_one_ranks_shard_skips_the_step_on_every_rank(name: str, world: int, request) -> None:
+    job = request.getfixturevalue("training_job" if world == 2 else "hsdp_job")
+    ranks = [job.load(name, r) for r in range(world)]
+    for got in ranks:  # the last rank alone held the inf; all skipped step 2 (scale halved, no step, no lr change)
         assert got["scales"] == [256.0, 128.0, 128.0]
         assert got["steps"] == [1, 1, 2] and got["lrs"] == [0.005, 0.005, 0.0025]
         assert got["skipped_steps"] == 1
         assert _equal(got["before"], got["after_skip"]) == []  # full weights untouched by the skipped step
         assert _equal(got["local_before"], got["local_after_skip"]) == []  # this rank's own shards too
     for key in ("before", "after_skip", "final"):  # bit-identical across ranks, and the next step trained
-        assert _equal(ranks[0][key], ranks[1][key]) == []
+        for other in ranks[1:]:
+            assert _equal(ranks[0][key], other[key]) == []
     assert max((ranks[0]["final"][k] - ranks[0]["before"][k]).abs().max() for k in ranks[0]["final"]) > 1e-3
 
 

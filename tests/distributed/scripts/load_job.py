@@ -128,9 +128,9 @@ def export_matches(source: Path, export: Path) -> bool:
     """The full-model export holds exactly the loaded (untrained) weights, tensor by tensor."""
     from safetensors import safe_open
 
-    from twinkle_hf.model.meta import safetensors_keys
+    from twinkle_hf.model.weights import weight_files
 
-    exported = safetensors_keys(export)
+    exported = weight_files(export)
     with safe_open(str(source / "model.safetensors"), framework="pt") as original:
         for key in original.keys():
             with safe_open(str(exported[key]), framework="pt") as handle:

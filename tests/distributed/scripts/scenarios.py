@@ -421,5 +421,6 @@ HSDP.update({
     "hsdp_default_strategy": lambda: sc_full("accelerate", 2),
     "hsdp_accum": lambda: train(build("native_fsdp", fsdp=2), global_batches(3, rows=8), accumulation=2),
     "hsdp_load_lora_bf16": lambda: sc_load("native_fsdp", lora=True, mixed_precision="bf16"),
+    "hsdp_fp16_skip": sc_fp16_skip,
 })
 SCENARIOS.update(HSDP)

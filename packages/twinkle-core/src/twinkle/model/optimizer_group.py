@@ -287,6 +287,7 @@ class OptimizerGroup:
         self.gradient_accumulation_steps = check_accumulation_steps(int(state["gradient_accumulation_steps"]))
         self.stepped = False
         self.lr_step_pending = False
+        self.consecutive_skips = 0
         self._close_window()
         return {k: int(state[k]) for k in ("cur_step", "consumed_train_samples", "gradient_accumulation_steps")}
 

@@ -104,9 +104,10 @@ def fill_from_checkpoint(model: torch.nn.Module, directory: str | Path, skip: se
     Names are mapped to checkpoint keys the way ``save_pretrained`` writes them (peft's wrappers
     removed, tied weights read once); names in ``skip`` keep their values (adapters).
     """
-    from twinkle_hf.model.meta import aliases, file_key, safetensors_keys
+    from twinkle_hf.model.meta import aliases, file_key
+    from twinkle_hf.model.weights import weight_files
 
-    files = safetensors_keys(directory)
+    files = weight_files(directory)
     if files is None:
         raise CheckpointError(f"{str(directory)!r} has no safetensors weights to read shards from.")
     names = aliases(model)

@@ -80,9 +80,10 @@ class CheckpointMixin:
             load_export(self, group, directory)
             return
         if self._weights_dir is not None and not group.is_adapter:  # not sharded yet: read the shards from here
-            from twinkle_hf.model.meta import missing_from_files, safetensors_keys
+            from twinkle_hf.model.meta import missing_from_files
+            from twinkle_hf.model.weights import weight_files
 
-            keys = safetensors_keys(directory)
+            keys = weight_files(directory)
             missing = missing_from_files(self._hf_model(), keys or {})
             if keys is None or missing:
                 raise CheckpointError(f"{str(directory)!r} holds no safetensors weights for this model (missing e.g. "

@@ -17,7 +17,6 @@ trainable parameters stay float32 master weights (:func:`hold_frozen_in`).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from twinkle.log import get_logger
+from twinkle_hf.model.weights import weight_files
 
 logger = get_logger("twinkle_hf")
 
@@ -36,26 +36,6 @@ _LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def on_meta(model: torch.nn.Module) -> bool:
     """Whether any parameter has no storage yet."""
     return any(p.is_meta for p in model.parameters())
-
-
-def safetensors_keys(path: str | Path) -> dict[str, Path] | None:
-    """Every tensor name of a ``save_pretrained`` directory and the file holding it; None without safetensors."""
-    from safetensors import safe_open
-
-    directory = Path(path)
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {key: directory / file for key, file in weight_map.items()}
-    files = sorted(directory.glob("*.safetensors"))
-    files = [f for f in files if f.name != "adapter_model.safetensors"]
-    if not files:
-        return None
-    keys: dict[str, Path] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            keys.update({key: file for key in handle.keys()})
-    return keys
 
 
 def file_key(name: str) -> str:
@@ -95,7 +75,7 @@ def build_on_meta(cls: Any, path: str, config: Any, kwargs: dict[str, Any]) -> t
     other = sorted(set(kwargs) - set(META_KWARGS))
     if other:
         return None, f"from_pretrained options {other}"
-    keys = safetensors_keys(path)
+    keys = weight_files(path)
     if keys is None:
         return None, "no safetensors weights"
     trust = bool(kwargs.get("trust_remote_code", False))
