@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from scenarios import tiny_config
@@ -18,15 +20,26 @@ from twinkle_hf.distributed.plan import check_configs, make_plan
     ("native_fsdp", {"fsdp_size": 2}, 2, "fsdp2", False),
     ("accelerate", {"fsdp_size": 2}, 2, "accelerate_fsdp2", False),
     ("native_fsdp", {"dp_size": 2, "fsdp_size": 2}, 4, "fsdp2", True),
+    ("accelerate", {"dp_size": 2, "fsdp_size": 2}, 4, "fsdp2", True),
 ])
 def test_the_mesh_and_strategy_choose_the_wrapping(strategy, sizes, world, kind, hsdp) -> None:
     plan = make_plan(strategy, DeviceMesh(**sizes), world_size=world)
     assert (plan.kind, plan.hsdp) == (kind, hsdp)
 
 
-def test_accelerate_refuses_hsdp_and_names_the_fix() -> None:
-    with pytest.raises(ValueError, match="Pass strategy='native_fsdp' for replicate x shard"):
-        make_plan("accelerate", DeviceMesh(dp_size=2, fsdp_size=2), world_size=4)
+def test_accelerate_on_seed_001s_hsdp_mesh_runs_native_fsdp2_and_says_so(caplog) -> None:
+    """``DeviceMesh.from_sizes(dp_size=2, fsdp_size=2)`` with the default strategy: HSDP, one info line."""
+    with caplog.at_level(logging.INFO, logger="twinkle"):
+        plan = make_plan("accelerate", DeviceMesh.from_sizes(dp_size=2, fsdp_size=2, world_size=4), world_size=4)
+    assert (plan.kind, plan.hsdp, plan.dp_size, plan.fsdp_size) == ("fsdp2", True, 2, 2)
+    assert caplog.text.count("HSDP (replicate x shard) runs on torch's native FSDP2") == 1
+
+
+def test_sync_each_microbatch_is_twinkles_own_fsdp_option() -> None:
+    for strategy in ("native_fsdp", "accelerate"):
+        check_configs(strategy, None, {"sync_each_microbatch": False})
+    with pytest.raises(ValueError, match=r"fsdp_config\['sync_each_microbatch'\] must be True .* or False .*got 'no'"):
+        check_configs("native_fsdp", None, {"sync_each_microbatch": "no"})
 
 
 def test_decoder_layers_come_from_the_live_model() -> None:

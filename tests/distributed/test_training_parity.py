@@ -69,7 +69,7 @@ def test_gradients_are_not_communicated_between_boundaries(training_job) -> None
     assert (ddp[0]["between"] - ddp[1]["between"]).abs().max() > 1e-4
     # ... and after the boundary backward the synchronised one
     torch.testing.assert_close(ddp[0]["after"], ddp[1]["after"], rtol=0, atol=0)
-    fsdp = [training_job.load("fsdp_nosync", r) for r in (0, 1)]
+    fsdp = [training_job.load("fsdp_nosync", r) for r in (0, 1)]  # the no-sync opt-in
     assert fsdp[0]["between"] is None and fsdp[1]["between"] is None  # nothing reduce-scattered yet
     torch.testing.assert_close(fsdp[0]["after"], fsdp[1]["after"], rtol=0, atol=0)
 

@@ -10,14 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-PY="${PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  if command -v hatch >/dev/null 2>&1 && ENV_DIR="$(hatch env find test 2>/dev/null)" && [[ -x "$ENV_DIR/bin/python" ]]; then
-    PY="$ENV_DIR/bin/python"
-  else
-    PY="python3"
-  fi
-fi
+source tests/gpu/python.sh  # sets PY
 
 TESTS=tests/gpu/test_megatron_gpu.py
 

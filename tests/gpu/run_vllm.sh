@@ -1,18 +1,12 @@
 #!/usr/bin/env bash
 # VLLMSampler on a real vLLM engine, one CUDA GPU (< 3 minutes): sampled logprobs against the trainer's full
 # forward, before and after syncing a LoRA adapter and full weights. Needs `pip install 'twinkle-hf[vllm]'`.
+# Exit status 3: vllm is not installed (run_all.sh reports the stage as skipped).
 # Usage: tests/gpu/run_vllm.sh [--check]   (--check: the test collects; says whether vLLM is importable; runs on CPU)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-PY="${PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  if command -v hatch >/dev/null 2>&1 && ENV_DIR="$(hatch env find test 2>/dev/null)" && [[ -x "$ENV_DIR/bin/python" ]]; then
-    PY="$ENV_DIR/bin/python"
-  else
-    PY="python3"
-  fi
-fi
+source tests/gpu/python.sh  # sets PY
 
 TESTS=tests/gpu/test_vllm_gpu.py
 
@@ -29,6 +23,6 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 if ! "$PY" -c "import vllm" 2>/dev/null; then
   echo "run_vllm.sh: vllm is not installed for $PY: pip install 'twinkle-hf[vllm]'." >&2
-  exit 1
+  exit 3  # run_all.sh reports the stage as skipped (an optional extra), not as failed
 fi
 exec "$PY" -m pytest "$TESTS" -m gpu -q -p no:cacheprovider

@@ -6,7 +6,7 @@ import contextlib
 
 import pytest
 import torch
-from hf_testing import make_batch, make_model, tensor_hash
+from hf_testing import make_batch, make_model, tensor_hash, tiny_config
 
 from twinkle.errors import MissingBackendError
 from twinkle.hookspecs import hookimpl
@@ -117,3 +117,25 @@ def test_bf16_and_fp16_train_on_gpu(monkeypatch) -> None:
             losses.append(model.forward_backward(inputs=batch))
             model.clip_grad_and_step()
         assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("precision,low", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_lora_holds_the_frozen_base_in_low_precision_and_adapters_in_fp32(precision, low) -> None:
+    """No fp32 copy of a frozen weight: 2 bytes per base parameter; every adapter's weights (and a
+    modules_to_save copy) stay fp32 master weights, also after a second adapter is added."""
+    from peft import LoraConfig
+
+    model = make_model(seed=5, mixed_precision=precision, config=tiny_config("qwen2", tie_word_embeddings=True))
+    model.add_adapter_to_model("a", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["norm"]))
+    model.add_adapter_to_model("b", LoraConfig(r=4, target_modules=["k_proj"]))
+    hf = model._hf_model()
+    assert hf.get_input_embeddings().weight is hf.get_output_embeddings().weight  # still tied
+    trainable = {id(p) for g in model.optimizer_group.values() for p in model._group_parameters(g)}
+    for name, param in model.model.named_parameters():
+        assert param.dtype == (torch.float32 if id(param) in trainable else low), name
+    assert any(".modules_to_save.a." in n for n, _ in model.model.named_parameters())
+    model.set_optimizer("AdamW", lr=1e-2, adapter_name="a")
+    before = tensor_hash(model.get_state_dict(adapter_name="a"))
+    model.forward_backward(inputs=make_batch(1), adapter_name="a")
+    model.clip_grad_and_step(adapter_name="a")
+    assert tensor_hash(model.get_state_dict(adapter_name="a")) != before

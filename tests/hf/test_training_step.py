@@ -94,10 +94,10 @@ def test_metrics_are_numbers() -> None:
     loss = model.forward_backward(inputs=batch)
     model.clip_grad_and_step()
     metrics = model.calculate_metric(is_training=True)
-    assert set(metrics) == {"loss", "token_accuracy", "grad_norm", "lr", "tokens_per_second", "step"}
+    assert set(metrics) == {"loss", "token_accuracy", "grad_norm", "lr", "tokens_per_second", "step", "skipped_steps"}
     assert all(isinstance(v, (int, float)) for v in metrics.values())
     assert metrics["loss"] == pytest.approx(loss)
-    assert metrics["step"] == 1 and metrics["lr"] == pytest.approx(1e-3 * 1 / 2)
+    assert metrics["step"] == 1 and metrics["lr"] == pytest.approx(1e-3 * 1 / 2) and metrics["skipped_steps"] == 0
     assert metrics["tokens_per_second"] > 0
     # accuracy against a by-hand count on the same forward
     with torch.no_grad():
@@ -110,7 +110,7 @@ def test_metrics_are_numbers() -> None:
     assert evaluation["token_accuracy"] == pytest.approx(expected)
     assert "grad_norm" not in evaluation and "lr" not in evaluation
     again = model.calculate_metric(is_training=True)  # accumulators reset after reading; state numbers stay
-    assert set(again) == {"grad_norm", "lr", "step"}
+    assert set(again) == {"grad_norm", "lr", "step", "skipped_steps"}
 
 
 def test_forward_accepts_encoded_rows() -> None:

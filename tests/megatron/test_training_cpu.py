@@ -150,3 +150,28 @@ def test_microbatches_count_as_one_accumulation_step_with_the_same_gradient(tmp_
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7), name
     with pytest.raises(MegatronConfigError, match=r"num_microbatches=3 must divide the batch's 4 rows"):
         split.forward_backward(inputs=batch, num_microbatches=3)
+
+
+def test_a_step_the_optimizer_refuses_or_a_nan_loss_is_skipped(tmp_path, monkeypatch):
+    """megatron's optimizer reporting no success (fp16 overflow on GPU) and an inf/NaN loss: no step counted,
+    no lr change, no weight change; the metrics count the skips."""
+    model = megatron_model(save_hf(hf_model("qwen2"), tmp_path))
+    model.set_optimizer("default", lr=1e-3)
+    model.set_lr_scheduler("default", lr_warmup_steps=2, lr_decay_steps=6)
+    group = model.optimizer_group["default"]
+    weights = {n: p.detach().clone() for n, p in model.gpt.named_parameters()}
+    driver = group.optimizer
+    monkeypatch.setattr(driver, "step", lambda: False)  # what MegatronDriver returns when found_inf
+    model.forward_backward(inputs=make_batch(seed=1))
+    model.clip_grad_and_step(1.0)
+    assert group.cur_step == 0 and driver.lr == 0.0  # still at warm-up step 0
+    monkeypatch.undo()
+    model.set_loss(lambda inputs, outputs: outputs["logits"].float().mean() * float("nan"))
+    for seed in (2, 3):
+        model.forward_backward(inputs=make_batch(seed=seed), gradient_accumulation_steps=2)
+    model.clip_grad_and_step(1.0)
+    assert group.cur_step == 0 and driver.lr == 0.0
+    for name, param in model.gpt.named_parameters():
+        assert torch.equal(param.detach(), weights[name]), name
+    metrics = model.calculate_metric(True)
+    assert metrics["skipped_steps"] == 2 and metrics["step"] == 0

@@ -51,7 +51,11 @@ def full_state(model: Any) -> dict[str, torch.Tensor]:
 
 
 def memory_efficient(out: Path, kind: str) -> dict[str, Any]:
-    """Load the same saved model with and without memory_efficient_init; compare weights and peak RSS."""
+    """Build the same model with and without memory_efficient_init; compare weights and peak RSS.
+
+    DDP loads a saved checkpoint; FSDP2 builds a random init from the config (a saved safetensors
+    checkpoint is read shard by shard under FSDP2 whatever the flag: see load_job.py).
+    """
     import gc
 
     from transformers import AutoModelForCausalLM
@@ -67,9 +71,10 @@ def memory_efficient(out: Path, kind: str) -> dict[str, Any]:
     fsdp = 1 if kind == "ddp" else 2
     strategy = "accelerate" if kind == "accel" else "native_fsdp"
 
+    source = {"model_id": str(base)} if kind == "ddp" else {"config": tiny_config("qwen2", **BIG)}
+
     def load(efficient: bool) -> Any:
-        model = build(strategy, fsdp=fsdp, model_id=str(base), memory_efficient_init=efficient)
-        return model
+        return build(strategy, fsdp=fsdp, memory_efficient_init=efficient, **source)
 
     peak_rss_during(lambda: load(False))  # warm-up: one-time allocations are not charged to either run
     efficient_model, efficient_peak = peak_rss_during(lambda: load(True))

@@ -34,8 +34,8 @@ def local_rows(batch: dict[str, torch.Tensor], rank: int, world: int) -> dict[st
     return {k: v[rank::world] for k, v in batch.items()}
 
 
-def global_batches(steps: int = STEPS, seed: int = 100) -> list[dict[str, torch.Tensor]]:
-    return [make_batch(seed + i, rows=ROWS, length=12) for i in range(steps)]
+def global_batches(steps: int = STEPS, seed: int = 100, rows: int = ROWS) -> list[dict[str, torch.Tensor]]:
+    return [make_batch(seed + i, rows=rows, length=12) for i in range(steps)]
 
 
 def lora_config(r: int = 4) -> Any:
@@ -46,7 +46,7 @@ def lora_config(r: int = 4) -> Any:
 
 def build(strategy: str = "native_fsdp", fsdp: int = 1, dp: int | None = None, lora: bool = False,
           optimizer: str = "AdamW", adapters: tuple[str, ...] = ("a",), memory_efficient_init: bool = False,
-          model_id: str | None = None, **kwargs: Any) -> Any:
+          model_id: str | None = None, config: Any = None, **kwargs: Any) -> Any:
     from twinkle import DeviceMesh
     from twinkle.model import TransformersModel
 
@@ -54,7 +54,7 @@ def build(strategy: str = "native_fsdp", fsdp: int = 1, dp: int | None = None, l
     mesh = DeviceMesh.from_sizes(fsdp_size=fsdp if world > 1 else 1, dp_size=dp if world > 1 else None,
                                  world_size=world)
     torch.manual_seed(0)
-    source = {"model_id": model_id} if model_id else {"config": tiny_config("qwen2")}
+    source = {"model_id": model_id} if model_id else {"config": config or tiny_config("qwen2")}
     kwargs.setdefault("mixed_precision", "no")
     model = TransformersModel(**source, strategy=strategy, device_mesh=mesh,
                               memory_efficient_init=memory_efficient_init, **kwargs)
@@ -86,7 +86,7 @@ def train(model: Any, batches: list[dict[str, torch.Tensor]], adapter: str | Non
         if accumulation == 1:
             losses.append(model.forward_backward(inputs=mine, adapter_name=adapter, task=task))
         else:  # micro-batch i holds global rows [i*n, (i+1)*n): the same rows in every layout
-            chunk = ROWS // accumulation
+            chunk = batch["input_ids"].shape[0] // accumulation
             micro = [model.forward_backward(inputs=local_rows({k: v[i * chunk:(i + 1) * chunk]
                                                                for k, v in batch.items()}, rank, world),
                                             adapter_name=adapter, task=task,
@@ -214,11 +214,12 @@ SCENARIOS["resume_ddp_lora"] = lambda: sc_resume("accelerate", 1, lora=True)
 
 
 def sc_nosync_probe(fsdp: int) -> dict[str, Any]:
-    """Gradients after the first of two micro-batches: local under DDP (rank-dependent), unreduced under FSDP2."""
+    """Gradients after the first of two micro-batches: local under DDP (rank-dependent), unreduced under FSDP2
+    with the no-sync opt-in (``fsdp_config={'sync_each_microbatch': False}``)."""
     from twinkle.collective import full_tensor
 
     rank, world = rank_world()
-    model = build("native_fsdp", fsdp=fsdp)
+    model = build("native_fsdp", fsdp=fsdp, fsdp_config={"sync_each_microbatch": False} if fsdp > 1 else None)
     batch = global_batches(1)[0]
     half = {k: v[:2] for k, v in batch.items()}
     model.forward_backward(inputs=local_rows(half, rank, world), gradient_accumulation_steps=2)
@@ -247,4 +248,179 @@ SCENARIOS["fsdp_fused_adamw"] = sc_fused_adamw
 
 #: Run with 4 processes: dp=2 x fsdp=2 (HSDP: replicate x shard).
 HSDP = {"hsdp_full": lambda: sc_full("native_fsdp", 2), "hsdp_lora": lambda: sc_lora("native_fsdp", 2)}
+SCENARIOS.update(HSDP)
+
+
+# ----------------------------------------------------------------------------- fp16 skipped steps (issue 12 §2)
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def sc_fp16_skip(strategy: str = "native_fsdp", fsdp: int = 2) -> dict[str, Any]:
+    """fp16 under FSDP2: after a normal step, rank 1 alone gets an inf in one of its gradient shards.
+
+    Every rank must skip that step (same scale, same weights), then train on identically.
+    """
+    from torch.optim.lr_scheduler import StepLR
+
+    rank, world = rank_world()
+    model = build(strategy, fsdp=fsdp, mixed_precision="fp16", grad_scaler_config={"init_scale": 256.0})
+    model.set_lr_scheduler(StepLR, step_size=1, gamma=0.5)
+    group = model.optimizer_group["default"]
+    batches = global_batches(3)
+    record: dict[str, Any] = {"scales": [], "steps": [], "lrs": []}
+
+    def step(batch: dict[str, torch.Tensor], poison: bool) -> None:
+        model.forward_backward(inputs=local_rows(batch, rank, world))
+        if poison and rank == world - 1:  # only this rank's shard of one gradient
+            grad = _local(next(p for p in model.model.parameters() if p.grad is not None).grad)
+            grad.view(-1)[0] = float("inf")
+        model.clip_grad_and_step(max_grad_norm=None)  # no norm: the skip is the scaler's found_inf alone
+        record["scales"].append(group.scaler.get_scale())
+        record["steps"].append(group.cur_step)
+        record["lrs"].append(group.optimizer.param_groups[0]["lr"])
+
+    step(batches[0], poison=False)
+    record["before"] = trainable_state(model)
+    record["local_before"] = {n: _local(p.detach()).clone() for n, p in model.model.named_parameters()}
+    step(batches[1], poison=True)
+    record["after_skip"] = trainable_state(model)
+    record["local_after_skip"] = {n: _local(p.detach()).clone() for n, p in model.model.named_parameters()}
+    record["skipped_steps"] = model.calculate_metric(is_training=True)["skipped_steps"]
+    step(batches[2], poison=False)
+    record["final"] = trainable_state(model)
+    return record
+
+
+SCENARIOS["fsdp_fp16_skip"] = sc_fp16_skip
+
+
+# ----------------------------------------------------------------------------- accumulation memory (§4)
+def gradient_bytes(model: Any) -> int:
+    """Bytes of gradient this rank holds: its ``p.grad`` (a shard under FSDP2) plus any unsharded gradient
+    FSDP2 keeps between boundaries when it does not reduce-scatter (``FSDPParam`` internals)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    total = sum(_local(p.grad).numel() * p.grad.element_size() for p in model.model.parameters()
+                if p.grad is not None)
+    for module in model.model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        param_group = module._get_fsdp_state()._fsdp_param_group
+        for fsdp_param in param_group.fsdp_params if param_group is not None else ():
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            for grad in (fsdp_param.unsharded_accumulated_grad, getattr(unsharded, "grad", None)):
+                if grad is not None:
+                    total += _local(grad).numel() * grad.element_size()
+    return total
+
+
+def sc_grad_memory(sync_each_microbatch: bool) -> dict[str, Any]:
+    """Per-rank gradient bytes after the first of two micro-batches of a full-parameter FSDP2 run, and the
+    run's losses (compared with one process)."""
+    rank, world = rank_world()
+    config = {} if sync_each_microbatch else {"fsdp_config": {"sync_each_microbatch": False}}
+    model = build("native_fsdp", fsdp=2, **config)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.model.parameters())  # full shapes
+    batch = global_batches(1)[0]
+    model.forward_backward(inputs=local_rows({k: v[:2] for k, v in batch.items()}, rank, world),
+                           gradient_accumulation_steps=2)
+    between = gradient_bytes(model)
+    model.forward_backward(inputs=local_rows({k: v[2:] for k, v in batch.items()}, rank, world),
+                           gradient_accumulation_steps=2)
+    model.clip_grad_and_step()
+    result = train(model, global_batches(3, seed=200), accumulation=2)
+    return {**result, "grad_bytes_between": between, "model_bytes": model_bytes}
+
+
+SCENARIOS["fsdp_grad_memory"] = lambda: sc_grad_memory(True)
+SCENARIOS["fsdp_grad_memory_nosync"] = lambda: sc_grad_memory(False)
+
+
+# ----------------------------------------------------------------------------- sharded loading (§3)
+def saved_checkpoint(tied: bool = False) -> Path:
+    """A tiny Qwen2 saved with save_pretrained (odd vocabulary: uneven shards), written once per job."""
+    from transformers import AutoModelForCausalLM
+
+    from twinkle.collective import barrier
+
+    path = Path(os.environ["DIST_TEST_OUT"]) / f"tiny_saved{'_tied' if tied else ''}"
+    rank, _ = rank_world()
+    if rank == 0 and not (path / "config.json").is_file():
+        torch.manual_seed(7)
+        config = tiny_config("qwen2", vocab_size=129, tie_word_embeddings=tied)
+        AutoModelForCausalLM.from_config(config).save_pretrained(str(path))
+    barrier()
+    return path
+
+
+def sc_load(strategy: str, lora: bool, mixed_precision: str = "no", fsdp: int = 2,
+            tied: bool = False) -> dict[str, Any]:
+    """Load the saved checkpoint (FSDP2: built on meta, each rank reads its shards), then train 2 steps."""
+    from twinkle import DeviceMesh
+    from twinkle.model import TransformersModel
+    from twinkle_hf.model.meta import on_meta
+
+    _, world = rank_world()
+    mesh = DeviceMesh.from_sizes(fsdp_size=fsdp if world > 1 else 1, world_size=world)
+    model = TransformersModel(model_id=str(saved_checkpoint(tied)), strategy=strategy, device_mesh=mesh,
+                              mixed_precision=mixed_precision)
+    built_on_meta = on_meta(model.model)
+    adapter = "a" if lora else None
+    if lora:
+        torch.manual_seed(1)
+        model.add_adapter_to_model("a", lora_config())
+    model.set_optimizer("AdamW", lr=1e-2, adapter_name=adapter)
+    params = {n: full_tensor_of(p) for n, p in model.model.named_parameters()}
+    buffers = {n: b.detach().clone() for n, b in model.model.named_buffers()}
+    dtypes = sorted({(str(p.dtype), p.requires_grad) for p in model.model.parameters()})
+    hf = model._hf_model()
+    tied_now = hf.get_input_embeddings().weight is hf.get_output_embeddings().weight
+    result = train(model, global_batches(2), adapter=adapter)
+    return {"initial": params, "buffers": buffers, "dtypes": dtypes, "losses": result["losses"],
+            "built_on_meta": built_on_meta, "wrapped": result["wrapped"], "tied": tied_now}
+
+
+def full_tensor_of(param: torch.Tensor) -> torch.Tensor:
+    from twinkle.collective import full_tensor
+
+    return full_tensor(param.detach()).clone()
+
+
+SCENARIOS["load_fsdp_full"] = lambda: sc_load("native_fsdp", lora=False)
+SCENARIOS["load_accel_full"] = lambda: sc_load("accelerate", lora=False)
+SCENARIOS["load_fsdp_lora_bf16"] = lambda: sc_load("native_fsdp", lora=True, mixed_precision="bf16")
+SCENARIOS["load_accel_lora_bf16"] = lambda: sc_load("accelerate", lora=True, mixed_precision="bf16")
+SCENARIOS["load_fsdp_tied"] = lambda: sc_load("native_fsdp", lora=False, tied=True)
+
+
+# ----------------------------------------------------------------------------- strategy='accelerate' (§5)
+def sc_accelerate_state() -> dict[str, Any]:
+    """The FSDP2 mixed-precision policy accelerate applied, and accelerate's process-wide state around it."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from torch.distributed.fsdp import FSDPModule
+
+    def snapshot() -> dict[str, Any]:
+        return {"shared": [dict(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState)],
+                "env": {k: v for k, v in os.environ.items() if k.startswith(("ACCELERATE", "FSDP"))},
+                "threads": torch.get_num_threads()}
+
+    before = snapshot()
+    model = build("accelerate", fsdp=2, mixed_precision="bf16")
+    after = snapshot()
+    policies = sorted({(str(m._get_fsdp_state()._mp_policy.param_dtype),
+                        str(m._get_fsdp_state()._mp_policy.reduce_dtype))
+                       for m in model.model.modules() if isinstance(m, FSDPModule)})
+    return {"before": before, "after": after, "policies": policies}
+
+
+SCENARIOS["accel_state"] = sc_accelerate_state
+
+# 4 processes (dp=2 x fsdp=2): the default strategy on seed 000/001's mesh, accumulation and sharded loading
+HSDP.update({
+    "hsdp_default_strategy": lambda: sc_full("accelerate", 2),
+    "hsdp_accum": lambda: train(build("native_fsdp", fsdp=2), global_batches(3, rows=8), accumulation=2),
+    "hsdp_load_lora_bf16": lambda: sc_load("native_fsdp", lora=True, mixed_precision="bf16"),
+    "hsdp_fp16_skip": sc_fp16_skip,
+})
 SCENARIOS.update(HSDP)

@@ -80,7 +80,11 @@ class TwinkleModel(ABC):
     def clip_grad_and_step(
         self, max_grad_norm: float = 1.0, norm_type: float = 2, *, adapter_name: str | None = None, **kwargs: Any
     ) -> None:
-        """clip_grad_norm + step + zero_grad + lr_step, gated together by gradient accumulation."""
+        """clip_grad_norm + step + zero_grad + lr_step, gated together by gradient accumulation.
+
+        A step whose loss or gradient norm is inf/NaN is skipped (nothing changes, ``skipped_steps``
+        grows); ``max_consecutive_skips=`` bounds how many in a row before an error names the step.
+        """
 
     # ---------------------------------------------------------- components
     @abstractmethod

@@ -13,6 +13,12 @@ gradient accumulation, which lives here so every backend gets the same semantics
   factor is 1 and nothing is touched;
 * ``clip_grad_norm`` / ``step`` act only on a boundary, ``zero_grad`` only right after a step (or
   on a boundary), ``lr_step`` once per optimizer step.
+
+A step whose loss or gradient norm is inf/NaN (or that the optimizer itself refused: an fp16
+overflow, megatron's optimizer reporting no success) is *skipped*: weights, optimizer state,
+``cur_step`` and the lr scheduler stay as they were, the gradients are dropped, the skip is counted
+(``skipped_steps`` in the metrics) and warned about. After ``max_consecutive_skips`` skips in a row
+training stops with :class:`TooManySkippedStepsError` naming the step.
 """
 
 from __future__ import annotations
@@ -23,11 +29,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from twinkle.errors import TwinkleError
+from twinkle.log import get_logger
 from twinkle.metric import Metric, default_metrics
+
+logger = get_logger()
 
 #: Name of the group that trains the whole model (no adapter). It is also peft's default adapter
 #: name, so ``add_adapter_to_model('default', ...)`` replaces it naturally.
 DEFAULT_GROUP = "default"
+#: Skipped steps in a row after which training stops. An fp16 GradScaler starting at 2**16 backs off
+#: once per skip, so a few dozen skips at the start are normal; fifty in a row means the run diverged.
+DEFAULT_MAX_CONSECUTIVE_SKIPS = 50
+
+
+class TooManySkippedStepsError(TwinkleError, RuntimeError):
+    """Too many optimizer steps in a row had an inf/NaN loss or gradient: the run has diverged."""
 
 
 def at_least_one(count: Any) -> Any:
@@ -96,6 +113,14 @@ def check_optimizer_params(optimizer: Any, group_params: Any, group_name: str,
                      f"over this group's parameters only, or pass the optimizer's name/class to set_optimizer.")
 
 
+def check_max_consecutive_skips(value: Any) -> int:
+    """``max_consecutive_skips`` must be a positive int."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_consecutive_skips must be an integer >= 1 (skipped steps in a row before training "
+                         f"stops), got {value!r}.")
+    return value
+
+
 @dataclass
 class _Throughput:
     """Tokens seen since the window started, for tokens/s."""
@@ -133,12 +158,17 @@ class OptimizerGroup:
     processor: Any = None
     scaler: Any = None
     gradient_accumulation_steps: int = 1
+    max_consecutive_skips: int = DEFAULT_MAX_CONSECUTIVE_SKIPS
     cur_step: int = 0
+    skipped_steps: int = 0
+    consecutive_skips: int = 0
     micro_step: int = 0
     total_micro_steps: int = 0
     window_items: Any = 0
     window_ref_items: Any = 0
     grad_norm: float | None = None
+    window_grad_norm: float | None = None
+    window_finite: Any = True
     grads_ready: bool = False
     stepped: bool = False
     lr_step_pending: bool = False
@@ -154,6 +184,7 @@ class OptimizerGroup:
 
     def __post_init__(self) -> None:
         check_accumulation_steps(self.gradient_accumulation_steps)
+        check_max_consecutive_skips(self.max_consecutive_skips)
 
     # ------------------------------------------------------------ accumulation
     def take_accumulation_steps(self, kwargs: dict[str, Any]) -> None:
@@ -162,6 +193,13 @@ class OptimizerGroup:
             value = kwargs.pop("gradient_accumulation_steps")
             if value is not None:
                 self.gradient_accumulation_steps = check_accumulation_steps(value)
+
+    def take_skip_limit(self, kwargs: dict[str, Any]) -> None:
+        """Apply a ``max_consecutive_skips=`` given to a stepping call (and remove it from kwargs)."""
+        if "max_consecutive_skips" in kwargs:
+            value = kwargs.pop("max_consecutive_skips")
+            if value is not None:
+                self.max_consecutive_skips = check_max_consecutive_skips(value)
 
     def backward_divisor(self, num_items: Any) -> Any:
         """What this micro-batch's loss sum is divided by before backward (see module docstring).
@@ -173,6 +211,11 @@ class OptimizerGroup:
         return self.window_ref_items
 
     def record_backward(self, num_items: Any) -> None:
+        """Count a backward of the loss held in ``last_loss`` (its finiteness is kept as a device flag)."""
+        loss = self.last_loss
+        if hasattr(loss, "isfinite"):
+            finite = loss.detach().isfinite().all()
+            self.window_finite = finite if self.window_finite is True else self.window_finite & finite
         self.micro_step += 1
         self.total_micro_steps += 1
         self.window_items = self.window_items + num_items
@@ -196,9 +239,31 @@ class OptimizerGroup:
     def finish_step(self) -> None:
         """Record an optimizer step: the window closes and zero_grad / lr_step become due."""
         self.cur_step += 1
+        self.consecutive_skips = 0
         self.stepped = True
         self.lr_step_pending = True
         self._close_window()
+
+    def skip_step(self, reason: str) -> None:
+        """Record a skipped step: no step is counted and the lr scheduler stays; zero_grad drops the gradients.
+
+        Raises :class:`TooManySkippedStepsError` after ``max_consecutive_skips`` skips in a row.
+        """
+        step = self.cur_step + 1
+        self.skipped_steps += 1
+        self.consecutive_skips += 1
+        self.stepped = True  # zero_grad is due: the bad gradients must not leak into the next window
+        self.lr_step_pending = False
+        self._close_window()
+        if self.consecutive_skips >= self.max_consecutive_skips:
+            raise TooManySkippedStepsError(
+                f"Training stopped at step {step} of group {self.name!r}: {self.consecutive_skips} optimizer steps "
+                f"in a row were skipped (last: {reason}). The loss or the gradients keep being inf/NaN: lower the "
+                "learning rate, check the data, prefer bf16 to fp16, or allow more with "
+                f"max_consecutive_skips= (now {self.max_consecutive_skips}).")
+        logger.warning("Skipped step %d of group %r: %s. Weights, optimizer, lr scheduler and step count are "
+                       "unchanged (%d in a row, %d in total; training stops after %d in a row).", step, self.name,
+                       reason, self.consecutive_skips, self.skipped_steps, self.max_consecutive_skips)
 
     @property
     def zero_grad_due(self) -> bool:
@@ -213,6 +278,8 @@ class OptimizerGroup:
         self.micro_step = 0
         self.window_items = 0
         self.window_ref_items = 0
+        self.window_grad_norm = None
+        self.window_finite = True
         self.grads_ready = False
 
     # ----------------------------------------------------------------- metrics
@@ -250,6 +317,7 @@ class OptimizerGroup:
                 result["grad_norm"] = float(self.grad_norm)
             if lr is not None:
                 result["lr"] = float(lr)
+            result["skipped_steps"] = self.skipped_steps
         result["step"] = self.cur_step
         return result
 
@@ -274,6 +342,7 @@ class OptimizerGroup:
         self.gradient_accumulation_steps = check_accumulation_steps(int(state["gradient_accumulation_steps"]))
         self.stepped = False
         self.lr_step_pending = False
+        self.consecutive_skips = 0
         self._close_window()
         return {k: int(state[k]) for k in ("cur_step", "consumed_train_samples", "gradient_accumulation_steps")}
 

@@ -4,6 +4,12 @@ The gating is the same for every backend (between boundaries each call is a no-o
 follows a step; the scheduler advances once per optimizer step), so it lives here. A backend
 supplies how to finish the window's gradients and how to clip, step, zero and advance:
 ``_prepare_grads``, ``_clip_grads``, ``_apply_step``, ``_zero_optimizer``, ``_advance_lr``.
+
+Skipped steps are decided here too, the same way for every backend: before the optimizer runs,
+a loss of the window or the gradient norm that is inf/NaN skips the step (every rank that holds
+part of the model agrees, through ``_any_rank``); the backend's ``_apply_step`` may refuse as well
+(an fp16 overflow, megatron's optimizer reporting no success) by returning False. A skipped step
+changes no weight, no optimizer state, no ``cur_step`` and no lr (see ``OptimizerGroup.skip_step``).
 """
 
 from __future__ import annotations
@@ -26,8 +32,16 @@ class SteppingMixin(ABC):
     def _clip_grads(self, group: OptimizerGroup, max_grad_norm: float, norm_type: float) -> float:
         """Clip the prepared gradients; return the total norm before clipping."""
 
-    def _apply_step(self, group: OptimizerGroup) -> None:
-        group.optimizer.step()
+    def _apply_step(self, group: OptimizerGroup) -> bool:
+        """Run the optimizer; False when it skipped the update itself."""
+        return group.optimizer.step() is not False
+
+    def _skip_update(self, group: OptimizerGroup) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """The step is skipped before the optimizer ran (e.g. an fp16 scaler still backs off here)."""
+
+    def _any_rank(self, flags: Any) -> Any:
+        """``flags`` (a tensor; > 0 means "bad") maximised elementwise over every rank holding part of this model."""
+        return flags
 
     def _zero_optimizer(self, group: OptimizerGroup) -> None:
         group.optimizer.zero_grad()
@@ -43,10 +57,32 @@ class SteppingMixin(ABC):
     def _stepping_group(self, method: str, adapter_name: str | None, kwargs: dict[str, Any]) -> OptimizerGroup:
         group = self._group(adapter_name)
         group.take_accumulation_steps(kwargs)
+        group.take_skip_limit(kwargs)
         if kwargs:
-            raise TypeError(f"{method}() got unexpected arguments {sorted(kwargs)}; it takes adapter_name= and "
-                            "gradient_accumulation_steps=.")
+            raise TypeError(f"{method}() got unexpected arguments {sorted(kwargs)}; it takes adapter_name=, "
+                            "gradient_accumulation_steps= and max_consecutive_skips=.")
         return group
+
+    def _nonfinite_reason(self, group: OptimizerGroup) -> str | None:
+        """Why this window must not be applied (an inf/NaN loss or gradient norm), agreed by all ranks; else None.
+
+        One small all-reduce and one host sync per optimizer step.
+        """
+        import math
+
+        import torch
+
+        norm = group.window_grad_norm
+        norm_bad = norm is not None and not math.isfinite(norm)
+        finite = group.window_finite
+        loss_bad = (~finite).to(torch.float32).reshape(()) if isinstance(finite, torch.Tensor) else torch.zeros(())
+        flags = torch.stack([loss_bad, torch.tensor(float(norm_bad), device=loss_bad.device)])
+        agreed = self._any_rank(flags).tolist()
+        if not max(agreed):
+            return None
+        if agreed[0]:
+            return "the loss is inf/NaN" + ("" if float(loss_bad) else " on another rank")
+        return f"the gradient norm is {norm if norm_bad else 'inf/NaN on another rank'}"
 
     # -------------------------------------------------------------- public API
     def set_optimizer_params(self, *, adapter_name: str | None = None, **params: Any) -> dict[str, Any]:
@@ -80,17 +116,24 @@ class SteppingMixin(ABC):
         if not group.is_boundary:
             return None
         self._prepare_grads(group)
-        group.grad_norm = self._clip_grads(group, max_grad_norm, norm_type)
+        group.grad_norm = group.window_grad_norm = self._clip_grads(group, max_grad_norm, norm_type)
         return group.grad_norm
 
     def step(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """Apply the optimizer on a boundary."""
+        """Apply the optimizer on a boundary, unless the loss or gradients are inf/NaN (the step is then skipped)."""
         group = self._stepping_group("step", adapter_name, kwargs)
         if not group.is_boundary:
             return
         self._prepare_grads(group)
-        self._apply_step(group)
-        group.finish_step()
+        reason = self._nonfinite_reason(group)
+        if reason is None:
+            if self._apply_step(group):
+                group.finish_step()
+                return
+            reason = "the optimizer skipped it (inf/NaN gradients: fp16 loss-scale overflow)"
+        else:
+            self._skip_update(group)
+        group.skip_step(reason)
 
     def zero_grad(self, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Clear the group's gradients right after a step (or on a boundary, dropping them)."""

@@ -78,12 +78,14 @@ class GroupProgress:
 class CountedProgress:
     """Step and accumulation position counted here (ray mode), as the model's group counts them.
 
-    ``clip_grad_and_step`` steps the optimizer every ``gradient_accumulation_steps`` calls; the
-    step number in each training metric (``step``) is checked against the count.
+    ``clip_grad_and_step`` steps the optimizer every ``gradient_accumulation_steps`` calls unless the
+    model skips the step (``skipped_steps`` in the metrics grows); the step number in each training
+    metric (``step``) is checked against the count.
     """
 
     def __init__(self, gradient_accumulation_steps: int, cur_step: int = 0) -> None:
         self.gas, self.cur_step, self.micro_step = gradient_accumulation_steps, cur_step, 0
+        self.skipped = 0
 
     def micro_batch_done(self) -> None:
         self.micro_step += 1
@@ -92,9 +94,13 @@ class CountedProgress:
 
     def restore(self, progress: dict[str, int]) -> None:
         """Continue from a checkpoint's progress: a fresh accumulation window at its step."""
-        self.cur_step, self.micro_step = int(progress["cur_step"]), 0
+        self.cur_step, self.micro_step, self.skipped = int(progress["cur_step"]), 0, 0
 
     def check(self, metric: dict[str, Any]) -> None:
+        skipped = int(metric.get("skipped_steps", self.skipped))
+        if skipped > self.skipped:  # the model skipped steps (inf/NaN): they were counted here as taken
+            self.cur_step -= skipped - self.skipped
+            self.skipped = skipped
         step = metric.get("step")
         if step is not None and int(step) != self.cur_step:
             raise RuntimeError(f"The model actors are at step {int(step)} but the Trainer counted {self.cur_step}; "

@@ -79,6 +79,8 @@ class OptimizerConfig:
     lr: float = 5e-3
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    #: inf/NaN steps are skipped; this many in a row stop training with an error naming the step
+    max_consecutive_skips: int = 50
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,6 +92,7 @@ class OptimizerConfig:
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay: must be >= 0, got {self.weight_decay!r}.")
         _positive("max_grad_norm", self.max_grad_norm, allow_none=False)
+        _positive("max_consecutive_skips", self.max_consecutive_skips, allow_none=False)
 
 
 @dataclass

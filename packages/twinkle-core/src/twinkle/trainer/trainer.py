@@ -122,13 +122,14 @@ class Trainer:
         previous = signal.signal(signal.SIGINT, self._on_sigint) if _main_thread() else None
         try:
             while group.cur_step < total and not self._stop_requested:
-                step_started = time.perf_counter()
+                step_started, step_before = time.perf_counter(), group.cur_step
                 with profiler.step(group.cur_step + 1):
                     batches = 0
                     for batch in loader:
                         model.forward_backward(inputs=batch, adapter_name=self.adapter, task=cfg.loss.task)
                         model.clip_grad_and_step(max_grad_norm=cfg.optimizer.max_grad_norm,
-                                                 adapter_name=self.adapter, gradient_accumulation_steps=gas)
+                                                 adapter_name=self.adapter, gradient_accumulation_steps=gas,
+                                                 max_consecutive_skips=cfg.optimizer.max_consecutive_skips)
                         group.micro_batch_done()
                         batches += 1
                         if not group.micro_step:
@@ -137,9 +138,11 @@ class Trainer:
                         continue
                 if group.micro_step:  # the epoch ended inside an accumulation window; keep filling it
                     continue
-                step = group.cur_step
                 metric = model.calculate_metric(is_training=True, adapter_name=self.adapter)
                 group.check(metric)
+                step = group.cur_step
+                if step == step_before:  # inf/NaN loss or gradients: the model skipped this step (and warned)
+                    continue
                 last_loss = float(metric.get("loss", math.nan))
                 record = {k: float(v) for k, v in metric.items() if k != "step" and _is_number(v)}
                 record.update(profiler.last)

@@ -146,8 +146,15 @@ def gathered_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def save_full_export(hf_model: torch.nn.Module, directory: Path) -> None:
-    """``save_pretrained`` of the gathered full weights, written by rank 0 (architecture name unwrapped)."""
-    state = gathered_state(hf_model.state_dict())
+    """``save_pretrained`` of the full weights, written by rank 0 (architecture name unwrapped).
+
+    The weights are gathered tensor by tensor and kept in host memory on rank 0 only
+    (``full_state_dict=True, cpu_offload=True``): the other ranks never hold more than their shards
+    and the one tensor being gathered.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(hf_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if collective.rank() != 0:
         return
     hf_model.save_pretrained(str(directory), state_dict=state)
@@ -168,34 +175,30 @@ def _unwrapped_class(module: torch.nn.Module) -> type:
 
 
 def load_export(owner: Any, group: Any, directory: Path) -> None:
-    """Load HF-layout weights (adapter or full) into a wrapped model: each rank keeps its own shard."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    """Load HF-layout weights (adapter or full) into a wrapped model: each rank keeps its own shard.
 
-    from twinkle_hf.model.weights import ADAPTER_WEIGHTS, _read_safetensors, read_full_weights
+    A full model is read slice by slice from the files (every rank reads only its shards); an
+    adapter is small and read whole.
+    """
+    from twinkle_hf.distributed.shard_load import copy_slice, fill_from_checkpoint
+    from twinkle_hf.model.weights import ADAPTER_WEIGHTS, _read_safetensors
 
-    if group.is_adapter:
-        path = directory / ADAPTER_WEIGHTS
-        if not path.is_file():
-            raise CheckpointError(f"{str(directory)!r} has no {ADAPTER_WEIGHTS} (a LoRA checkpoint written by save()).")
-        state = _read_safetensors(path)
-        params = {n.replace(f".{group.name}.", "."): p for n, p in trainable_params(owner, group).items()}
-    else:
-        state = read_full_weights(directory)
-        params = dict(owner._hf_model().named_parameters())
+    if not group.is_adapter:
+        fill_from_checkpoint(owner._hf_model(), directory)
+        return
+    path = directory / ADAPTER_WEIGHTS
+    if not path.is_file():
+        raise CheckpointError(f"{str(directory)!r} has no {ADAPTER_WEIGHTS} (a LoRA checkpoint written by save()).")
+    state = _read_safetensors(path)
+    params = {n.replace(f".{group.name}.", "."): p for n, p in trainable_params(owner, group).items()}
     missing = sorted(set(params) - set(state))
-    if group.is_adapter and missing:
+    if missing:
         raise CheckpointError(f"The weights in {directory} miss {len(missing)} keys of this model (e.g. "
                               f"{missing[:3]}); was it saved from a different adapter configuration?")
+    shapes = [f"{n}: file {tuple(state[n].shape)} vs model {tuple(p.shape)}" for n, p in params.items()
+              if tuple(state[n].shape) != tuple(p.shape)]
+    if shapes:
+        raise CheckpointError(f"The weights in {directory} do not fit this model: {shapes[:2]}.")
     with torch.no_grad():
         for name, param in params.items():
-            if name not in state:
-                continue  # tied weights are stored once
-            full = state[name].to(dtype=param.dtype)
-            if tuple(full.shape) != tuple(param.shape):
-                raise CheckpointError(f"{name}: file {tuple(full.shape)} vs model {tuple(param.shape)} in "
-                                      f"{directory}.")
-            if isinstance(param, DTensor):
-                shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-                param.to_local().copy_(shard.to_local())
-            else:
-                param.copy_(full.to(param.device))
+            copy_slice(param, state[name].__getitem__)

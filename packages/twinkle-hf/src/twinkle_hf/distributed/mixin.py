@@ -29,6 +29,7 @@ class DistributedMixin:
     _accelerator: Any = None
     _layer_classes: list[str] | None = None
     _memory_efficient_pending: bool = False
+    _weights_dir: str | None = None
 
     # ------------------------------------------------------------------ wrapping
     def _ensure_wrapped(self) -> None:
@@ -38,11 +39,15 @@ class DistributedMixin:
         from twinkle_hf.distributed import wrap
 
         plan = self.dist_plan
-        full_state = None
+        full_state = kept = None
         if self._memory_efficient_pending:
             from twinkle_hf.distributed import meminit
 
             full_state = meminit.before_wrap(self)
+        if self._weights_dir is not None:  # built on meta: adapters and buffers are the only real values yet
+            from twinkle_hf.distributed import shard_load
+
+            kept = shard_load.real_tensors(self.model)
         if plan.kind == "ddp":
             adapters = len(getattr(self.model, "peft_config", {}) or {}) if self.is_peft else 0
             self._ddp = wrap.wrap_ddp(self.model, self._run_task_unwrapped, self.device, self.ddp_config,
@@ -52,8 +57,12 @@ class DistributedMixin:
                                                   self.mixed_precision, self.fsdp_config)
         else:
             self._accelerator, self._layer_classes = wrap.wrap_accelerate_fsdp2(
-                self.model, self._hf_model(), self.device, self.fsdp_config)
+                self.model, self._hf_model(), self.device, self.mixed_precision, self.fsdp_config)
         self._wrapped = True
+        if kept is not None:  # storage for this rank's shards only, then its slices from the files
+            shard_load.materialize(self.model, self.device, kept)
+            shard_load.fill_from_checkpoint(self.model, self._weights_dir, skip=set(kept))
+            self._weights_dir = None
         if self._memory_efficient_pending:
             meminit.after_wrap(self, full_state)
             self._memory_efficient_pending = False
@@ -95,14 +104,22 @@ class DistributedMixin:
         return run_task(self.model, self._hf_model(), task, batch, pooling, through_root=self.dist_plan.sharded)
 
     def _set_grad_sync(self, group: OptimizerGroup) -> None:
-        """Communicate gradients only on the backward that closes the accumulation window."""
+        """Which gradient communication the next backward does (see docs/distributed.md, accumulation).
+
+        DDP all-reduces only on the backward that closes the accumulation window. FSDP2 reduce-scatters
+        every micro-batch by default, so gradients stay sharded (1/N of the model per rank); HSDP then
+        defers only the all-reduce across replicas to the boundary. ``fsdp_config={'sync_each_microbatch':
+        False}`` keeps unsharded gradients between boundaries instead (no communication, full-size memory).
+        """
         if not self.dist_plan.distributed:
             return
         sync = group.micro_step + 1 >= group.gradient_accumulation_steps
         if self._ddp is not None:
             self._ddp.require_backward_grad_sync = sync
-        else:
+        elif not self.fsdp_config.get("sync_each_microbatch", True):
             self.model.set_requires_gradient_sync(sync)
+        elif self.dist_plan.hsdp:
+            self.model.set_requires_all_reduce(sync)
 
     def _global_loss_items(self, total: torch.Tensor, items: Any) -> tuple[torch.Tensor, Any]:
         """(loss sum, items) over every data rank, as tensors on the loss's device; local values on one process.

@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from twinkle.log import get_logger
 from twinkle.mesh import DeviceMesh
+
+logger = get_logger("twinkle_hf")
 
 STRATEGIES = ("accelerate", "native_fsdp")
 #: What the plan decided: no wrapping, torch DDP, native FSDP2 (maybe HSDP), accelerate's FSDP2.
@@ -68,11 +71,11 @@ def make_plan(strategy: str, mesh: DeviceMesh | None, world_size: int | None = N
         return DistributedPlan("none", 1)
     if mesh.fsdp_size == 1:
         return DistributedPlan("ddp", world, dp_size=mesh.dp_size)
-    if strategy == "accelerate" and mesh.dp_size > 1:
-        raise ValueError(f"strategy='accelerate' shards over one dimension; this mesh is HSDP (dp={mesh.dp_size} x "
-                         f"fsdp={mesh.fsdp_size}). Pass strategy='native_fsdp' for replicate x shard, or use "
-                         f"DeviceMesh.from_sizes(fsdp_size={world}).")
     kind = "fsdp2" if strategy == "native_fsdp" else "accelerate_fsdp2"
+    if strategy == "accelerate" and mesh.dp_size > 1:
+        logger.info("strategy='accelerate' with dp=%d x fsdp=%d: HSDP (replicate x shard) runs on torch's native "
+                    "FSDP2 (fully_shard over a 2-D mesh); fsdp_config takes its keys.", mesh.dp_size, mesh.fsdp_size)
+        kind = "fsdp2"
     return DistributedPlan(kind, world, dp_size=mesh.dp_size, fsdp_size=mesh.fsdp_size)
 
 
@@ -88,6 +91,13 @@ def check_process_group(plan: DistributedPlan) -> None:
 
 
 NATIVE_FSDP_KEYS = ("reshard_after_forward", "reduce_dtype")
+#: ``fsdp_config`` keys twinkle itself reads, under either FSDP2 strategy (never passed to torch/accelerate).
+TWINKLE_FSDP_KEYS = ("sync_each_microbatch",)
+
+
+def own_fsdp_keys(fsdp_config: dict) -> dict:
+    """``fsdp_config`` without twinkle's own keys: what torch's ``fully_shard`` or accelerate's plugin receive."""
+    return {k: v for k, v in fsdp_config.items() if k not in TWINKLE_FSDP_KEYS}
 
 
 def check_configs(strategy: str, ddp_config: dict | None, fsdp_config: dict | None) -> None:
@@ -108,6 +118,11 @@ def check_configs(strategy: str, ddp_config: dict | None, fsdp_config: dict | No
         from accelerate.utils import FullyShardedDataParallelPlugin
 
         allowed = {f.name for f in dataclasses.fields(FullyShardedDataParallelPlugin)}
+    allowed |= set(TWINKLE_FSDP_KEYS)
+    value = (fsdp_config or {}).get("sync_each_microbatch", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"fsdp_config['sync_each_microbatch'] must be True (reduce-scatter every micro-batch, "
+                         f"gradients stay sharded) or False (no communication until the boundary), got {value!r}.")
     unknown = sorted(set(fsdp_config or {}) - allowed)
     if unknown:
         raise ValueError(f"fsdp_config keys {unknown} are not understood by strategy={strategy!r}; it takes "

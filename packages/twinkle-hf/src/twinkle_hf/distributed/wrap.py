@@ -4,13 +4,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from twinkle.mesh import DeviceMesh
 from twinkle_hf.distributed.layers import decoder_layer_classes, modules_of
-from twinkle_hf.distributed.plan import DistributedPlan
+from twinkle_hf.distributed.plan import DistributedPlan, check_configs, own_fsdp_keys
 
 _MP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -78,10 +80,7 @@ def wrap_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, plan: Distribu
     """``fully_shard`` each decoder layer, then the root (in place); returns the layer classes used."""
     from torch.distributed.fsdp import fully_shard
 
-    unknown = sorted(set(fsdp_config) - {"reshard_after_forward", "reduce_dtype"})
-    if unknown:
-        raise ValueError(f"fsdp_config keys {unknown} are not understood by strategy='native_fsdp'; it takes "
-                         "reshard_after_forward and reduce_dtype.")
+    check_configs("native_fsdp", None, fsdp_config)
     classes = decoder_layer_classes(model, hf_model)
     kwargs = {"mesh": torch_mesh(plan, mesh, device.type), "mp_policy": mp_policy(mixed_precision, fsdp_config),
               "reshard_after_forward": fsdp_config.get("reshard_after_forward", True)}
@@ -93,11 +92,14 @@ def wrap_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, plan: Distribu
 
 
 def wrap_accelerate_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, device: torch.device,
-                          fsdp_config: dict[str, Any]) -> tuple[Any, list[str]]:
+                          mixed_precision: str, fsdp_config: dict[str, Any]) -> tuple[Any, list[str]]:
     """accelerate's FSDP2 plugin from ``fsdp_config``; returns (accelerator, layer classes).
 
-    accelerate ignores an FSDP plugin when it runs on CPU and wraps in DDP instead; the
-    distributed type is set to FSDP explicitly so it really shards, and the result is checked.
+    ``mixed_precision='bf16'|'fp16'`` becomes the plugin's policy the way accelerate sets it itself
+    (parameters all-gathered and gradients reduce-scattered in that dtype) unless ``fsdp_config``
+    names a ``mixed_precision_policy``. accelerate ignores an FSDP plugin when it runs on CPU and
+    wraps in DDP instead; the distributed type is set to FSDP explicitly so it really shards, and
+    the result is checked. accelerate's process-wide state is put back as it was afterwards.
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
@@ -107,23 +109,50 @@ def wrap_accelerate_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, dev
     classes = decoder_layer_classes(model, hf_model)
     hf_model._no_split_modules = classes
     config = {"fsdp_version": 2, "auto_wrap_policy": "transformer_based_wrap",
-              "transformer_cls_names_to_wrap": classes, "reshard_after_forward": True, **fsdp_config}
-    try:
-        plugin = FullyShardedDataParallelPlugin(**config)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"fsdp_config={fsdp_config!r} is not valid for accelerate's "
-                         f"FullyShardedDataParallelPlugin: {exc}") from exc
-    if getattr(plugin, "fsdp_version", 2) != 2:
-        raise ValueError("TransformersModel uses FSDP2: fsdp_config['fsdp_version'] must be 2.")
-    accelerator = Accelerator(fsdp_plugin=plugin, cpu=device.type == "cpu")
-    if accelerator.state.distributed_type != DistributedType.FSDP:
-        accelerator.state.distributed_type = DistributedType.FSDP
-        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-        AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
-    accelerator.state.fsdp_plugin = plugin
-    fsdp2_prepare_model(accelerator, model)
+              "transformer_cls_names_to_wrap": classes, "reshard_after_forward": True, **own_fsdp_keys(fsdp_config)}
+    if any(p.is_meta for p in model.parameters()):  # twinkle reads each rank's shards itself after wrapping
+        config["cpu_ram_efficient_loading"] = False
+    with accelerate_state_restored():
+        try:
+            plugin = FullyShardedDataParallelPlugin(**config)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"fsdp_config={fsdp_config!r} is not valid for accelerate's "
+                             f"FullyShardedDataParallelPlugin: {exc}") from exc
+        if getattr(plugin, "fsdp_version", 2) != 2:
+            raise ValueError("TransformersModel uses FSDP2: fsdp_config['fsdp_version'] must be 2.")
+        if plugin.mixed_precision_policy is None and mixed_precision in _MP_DTYPES:
+            plugin.set_mixed_precision(mixed_precision)
+        accelerator = Accelerator(fsdp_plugin=plugin, cpu=device.type == "cpu")
+        if accelerator.state.distributed_type != DistributedType.FSDP:
+            accelerator.state.distributed_type = DistributedType.FSDP
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+            AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+        accelerator.state.fsdp_plugin = plugin
+        fsdp2_prepare_model(accelerator, model)
     check_sharded(model, "accelerate")
     return accelerator, classes
+
+
+@contextmanager
+def accelerate_state_restored() -> Iterator[None]:
+    """accelerate keeps process-wide state (shared-state singletons, environment variables, torch's thread
+    count); whatever building an Accelerator changes is put back, so a user's own Accelerator is unaffected."""
+    import os
+
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    saved = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
+    environ, threads = dict(os.environ), torch.get_num_threads()
+    try:
+        yield
+    finally:
+        for cls, state in saved:
+            cls._shared_state.clear()
+            cls._shared_state.update(state)
+        for key in set(os.environ) - set(environ):
+            del os.environ[key]
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
 
 
 def check_sharded(model: torch.nn.Module, strategy: str) -> None:

@@ -67,6 +67,18 @@ class CheckpointMixin(CoreCheckpointMixin):
 
             load_export(self, group, directory)
             return
+        if self._weights_dir is not None and not group.is_adapter:  # not sharded yet: read the shards from here
+            from twinkle_hf.model.meta import missing_from_files
+            from twinkle_hf.model.weights import weight_files
+
+            keys = weight_files(directory)
+            missing = missing_from_files(self._hf_model(), keys or {})
+            if keys is None or missing:
+                raise CheckpointError(f"{str(directory)!r} holds no safetensors weights for this model (missing e.g. "
+                                      f"{missing[:3]}); load() takes a directory written by save() or "
+                                      "save_pretrained().")
+            self._weights_dir = str(directory)
+            return
         self._load_weights(group, directory)
 
     def _resume_weights(self, group: OptimizerGroup, directory: Path, resume_only_model: bool) -> None:
@@ -84,9 +96,11 @@ class CheckpointMixin(CoreCheckpointMixin):
     def _trainable_tensors(self, group: OptimizerGroup) -> Any:
         from twinkle_hf.distributed.checkpoint import trainable_params
 
+        self._materialize()
         return trainable_params(self, group).items()
 
     def _state_dict(self, group: OptimizerGroup) -> dict[str, Any]:
+        self._materialize()
         state = adapter_state_dict(self.model, group.name) if group.is_adapter else self._hf_model().state_dict()
         if self.dist_plan.sharded:  # full tensors, gathered from the shards (every rank takes part)
             from twinkle_hf.distributed.checkpoint import gathered_state
@@ -95,6 +109,11 @@ class CheckpointMixin(CoreCheckpointMixin):
         return state
 
     # -------------------------------------------------------------- internals
+    def _materialize(self) -> None:
+        """Built on the meta device (FSDP2 sharded loading): the weights exist once wrapped and filled."""
+        if self._weights_dir is not None:
+            self._ensure_wrapped()
+
     def _save_distributed(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
                           consumed_train_samples: int) -> None:
         """Every rank takes part: DCP shards from all, the HF export and small files from rank 0."""

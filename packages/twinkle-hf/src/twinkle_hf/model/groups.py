@@ -4,6 +4,8 @@ Without adapters the model has one group, ``'default'``, that trains every param
 ``add_adapter_to_model`` turns the model into a peft model: the full-model group goes away (its
 template, processor and loss carry over) and each adapter is its own group with its own optimizer,
 scheduler, loss and metrics. Only the adapter of the group being run is active in a forward.
+Under ``mixed_precision='bf16'|'fp16'`` the frozen base weights are then held in that dtype and
+the adapters' weights in float32 (``twinkle_hf.model.meta.hold_frozen_in``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from twinkle.model.optimizer_group import (
     check_adapter_name,
     lookup_group,
 )
+from twinkle_hf.model.meta import adapters_stay_real, hold_frozen_in
 from twinkle_hf.model.vision import adapter_config
 
 _GROUP_OPTIONS = ("gradient_accumulation_steps", "vision_tower", "projector")
@@ -102,16 +105,17 @@ class GroupsMixin:
         self._check_targets(config)
         inherited = self._full_group_defaults()
 
-        if adapter_dir is None:
-            if self.is_peft:
-                self.model.add_adapter(adapter_name, config)
+        with adapters_stay_real(self.model):  # a meta model (sharded load pending) gets real adapter weights
+            if adapter_dir is None:
+                if self.is_peft:
+                    self.model.add_adapter(adapter_name, config)
+                else:
+                    self.model = get_peft_model(self.model, config, adapter_name=adapter_name)
+            elif self.is_peft:
+                self.model.load_adapter(adapter_dir, adapter_name=adapter_name, is_trainable=True)
             else:
-                self.model = get_peft_model(self.model, config, adapter_name=adapter_name)
-        elif self.is_peft:
-            self.model.load_adapter(adapter_dir, adapter_name=adapter_name, is_trainable=True)
-        else:
-            self.model = PeftModel.from_pretrained(self.model, adapter_dir, adapter_name=adapter_name,
-                                                   is_trainable=True)
+                self.model = PeftModel.from_pretrained(self.model, adapter_dir, adapter_name=adapter_name,
+                                                       is_trainable=True)
         if DEFAULT_GROUP in self.optimizer_group and not self.optimizer_group[DEFAULT_GROUP].is_adapter:
             del self.optimizer_group[DEFAULT_GROUP]
         group = self._new_group(adapter_name, is_adapter=True, gradient_accumulation_steps=accumulation)
@@ -119,6 +123,8 @@ class GroupsMixin:
             setattr(group, attr, inherited.get(attr))
         self.optimizer_group[adapter_name] = group
         self.model.set_adapter(adapter_name)
+        trainable = [p for g in self.optimizer_group.values() for p in self._group_parameters(g)]
+        hold_frozen_in(self.model, self.mixed_precision, trainable)  # bf16/fp16: frozen base in 2 bytes/param
 
     def _check_adapter_name(self, adapter_name: Any) -> None:
         check_adapter_name(adapter_name)

@@ -9,9 +9,11 @@ import torch
 import transformers
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
+from twinkle.log import get_logger
 from twinkle_hf.model.vision import model_class_for
 
 ASSET_PREFIX = "twinkle://"
+logger = get_logger("twinkle_hf")
 
 
 def resolve_model_cls(model_cls: Any) -> Any:
@@ -84,6 +86,28 @@ def load_hf_model(model_cls: Any, model_id: str | None, config: PretrainedConfig
     if config is None:
         raise ValueError("TransformersModel needs model_id= (hub id or local directory) or config= (random init).")
     return _from_config(cls, config, kwargs), None
+
+
+def build_for_sharding(model_cls: Any, model_id: str, config: PretrainedConfig | None,
+                       kwargs: dict[str, Any]) -> tuple[PreTrainedModel, str] | None:
+    """``(model on the meta device, weights directory)`` for FSDP2, whose ranks then read only their shards.
+
+    None when there is nothing to read shard by shard (a config-only asset: random init) or the
+    checkpoint must be loaded whole (said in one info line); the caller then loads it the plain way.
+    """
+    from twinkle_hf.model.meta import build_on_meta
+
+    cls = choose_model_cls(model_cls, model_id, config)
+    path = resolve_model_path(model_id)
+    check_not_adapter_dir(path)
+    if not has_weights(path):
+        return None
+    model, why = build_on_meta(cls, path, config, kwargs)
+    if model is None:
+        logger.info("FSDP2: %s cannot be read shard by shard (%s); every rank loads it whole, then shards it.",
+                    model_id, why)
+        return None
+    return model, path
 
 
 def _from_config(cls: Any, config: PretrainedConfig, kwargs: dict[str, Any]) -> PreTrainedModel:

@@ -24,7 +24,8 @@ from twinkle_hf.distributed.plan import check_configs, check_process_group, make
 from twinkle_hf.model.checkpoint import CheckpointMixin
 from twinkle_hf.model.components import ComponentsMixin
 from twinkle_hf.model.groups import GroupsMixin
-from twinkle_hf.model.loading import load_hf_model
+from twinkle_hf.model.loading import build_for_sharding, load_hf_model
+from twinkle_hf.model.meta import on_meta
 from twinkle_hf.model.stepping import SteppingMixin
 from twinkle_hf.model.summary import SummaryMixin
 from twinkle_hf.model.training import TrainingMixin
@@ -38,10 +39,6 @@ def _device() -> torch.device:
     runtime = get_runtime()
     platform = detect_platform(runtime.platform if runtime.initialized else None)
     return platform.device(runtime.local_rank)
-
-
-def _is_meta(model: torch.nn.Module) -> bool:
-    return any(p.is_meta for p in model.parameters())
 
 
 @remote_class()
@@ -59,10 +56,16 @@ class TransformersModel(VisionMixin, DistributedMixin, GroupsMixin, ComponentsMi
 
     Under ``torchrun`` (or Ray) the model is wrapped from ``device_mesh`` and ``strategy``: DDP for a
     data-parallel-only mesh, FSDP2 per decoder layer when ``fsdp_size > 1`` (``native_fsdp``: torch's
-    ``fully_shard``, HSDP when ``dp_size > 1`` too; ``accelerate``: its FSDP2 plugin from
-    ``fsdp_config``). Wrapping happens at the first ``set_optimizer`` or forward, after adapters are
-    added. ``memory_efficient_init``: only rank 0 reads the weights (see docs/distributed.md).
+    ``fully_shard``, HSDP when ``dp_size > 1`` too — also chosen for ``accelerate`` on such a mesh;
+    ``accelerate``: its FSDP2 plugin from ``fsdp_config``). Wrapping happens at the first
+    ``set_optimizer`` or forward, after adapters are added. Under FSDP2 a safetensors checkpoint is
+    built on the meta device and every rank reads only its own shards when the model is wrapped
+    (build on meta -> adapters -> shard -> load shards -> optimizer). ``memory_efficient_init``: for
+    DDP and random init, only rank 0 reads (or builds) the weights (see docs/distributed.md).
     """
+
+    #: Subclasses that need real weights right after construction (MultiLora snapshots its slots) say False.
+    _builds_on_meta = True
 
     def __init__(self,  # noqa: D417
                  model_cls: Any = AutoModelForCausalLM,
@@ -82,7 +85,7 @@ class TransformersModel(VisionMixin, DistributedMixin, GroupsMixin, ComponentsMi
         self.dist_plan = make_plan(strategy, device_mesh)
         self.device_mesh = device_mesh if device_mesh is not None else DeviceMesh.from_sizes(
             world_size=self.dist_plan.world_size)
-        check_configs(strategy, ddp_config, fsdp_config)
+        check_configs("native_fsdp" if self.dist_plan.kind == "fsdp2" else strategy, ddp_config, fsdp_config)
         check_process_group(self.dist_plan)
         self.device = _device()
         self.precision: PrecisionPlan = plan_precision(mixed_precision, self.device.type)
@@ -94,18 +97,34 @@ class TransformersModel(VisionMixin, DistributedMixin, GroupsMixin, ComponentsMi
         self.grad_scaler_config = dict(grad_scaler_config or {})
         self.memory_efficient_init = memory_efficient_init
         self._memory_efficient_pending = memory_efficient_init and self.dist_plan.distributed
+        self._weights_dir: str | None = None  # FSDP2: each rank reads its shards from here once sharded
+        model = self._build(model_cls, model_id, config, kwargs)
+        self.model_id = model_id
+        if self.precision.provider is not None:
+            model = self.precision.provider.prepare_model(model)
+        self.model = model if on_meta(model) else model.to(self.device)
+        self.optimizer_group: dict[str, OptimizerGroup] = {DEFAULT_GROUP: self._new_group(DEFAULT_GROUP)}
+        self.patches: list[Any] = []
+
+    def _build(self, model_cls: Any, model_id: str | None, config: PretrainedConfig | None,
+               kwargs: dict[str, Any]) -> Any:
+        """The transformers model for this plan: under FSDP2 a checkpoint is built on the meta device (each
+        rank reads its shards once wrapped); ``memory_efficient_init``: rank 0 loads, the others build on
+        meta; otherwise every process loads it whole."""
+        if self.dist_plan.sharded and self._builds_on_meta and model_id is not None and self.precision.provider is None:
+            built = build_for_sharding(model_cls, model_id, config, kwargs)
+            if built is not None:
+                model, self.model_path = built
+                self._weights_dir = self.model_path
+                self._memory_efficient_pending = False  # no rank loads the whole model at all
+                return model
         if self._memory_efficient_pending:
             from twinkle_hf.distributed.meminit import load_rank0_only
 
             model, self.model_path = load_rank0_only(model_cls, model_id, config, kwargs)
-        else:
-            model, self.model_path = load_hf_model(model_cls, model_id, config, kwargs)
-        self.model_id = model_id
-        if self.precision.provider is not None:
-            model = self.precision.provider.prepare_model(model)
-        self.model = model if _is_meta(model) else model.to(self.device)
-        self.optimizer_group: dict[str, OptimizerGroup] = {DEFAULT_GROUP: self._new_group(DEFAULT_GROUP)}
-        self.patches: list[Any] = []
+            return model
+        model, self.model_path = load_hf_model(model_cls, model_id, config, kwargs)
+        return model
 
     def _new_group(self, name: str, is_adapter: bool = False, gradient_accumulation_steps: int = 1) -> OptimizerGroup:
         """A fresh group; under fp16 it gets its own GradScaler from the first backward on."""

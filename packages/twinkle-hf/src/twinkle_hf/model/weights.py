@@ -64,21 +64,38 @@ def save_full(model: torch.nn.Module, directory: Path) -> None:
     model.save_pretrained(str(directory))
 
 
-def read_full_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a ``save_pretrained`` directory (single file or sharded with an index)."""
+def weight_files(directory: str | Path) -> dict[str, Path] | None:
+    """Every tensor name of a ``save_pretrained`` directory and the safetensors file holding it (from the
+    index, or the single ``model.safetensors``); None when the directory has neither."""
+    from safetensors import safe_open
+
+    directory = Path(directory)
     index = directory / FULL_INDEX
     if index.is_file():
         try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return {key: directory / file for key, file in weight_map.items()}
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{str(index)!r} is not a valid safetensors index ({exc}).") from exc
-    elif (directory / FULL_WEIGHTS).is_file():
-        files = [FULL_WEIGHTS]
-    else:
+    single = directory / FULL_WEIGHTS
+    if not single.is_file():
+        return None
+    try:
+        with safe_open(str(single), framework="pt") as handle:
+            return dict.fromkeys(handle.keys(), single)
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise CheckpointError(f"{str(single)!r} is not a readable safetensors file ({type(exc).__name__}: "
+                              f"{exc}).") from exc
+
+
+def read_full_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a ``save_pretrained`` directory (single file or sharded with an index)."""
+    files = weight_files(directory)
+    if files is None:
         raise CheckpointError(f"{str(directory)!r} has no {FULL_WEIGHTS} or {FULL_INDEX} (full-model weights).")
     state: dict[str, torch.Tensor] = {}
-    for name in files:
-        state.update(_read_safetensors(directory / name))
+    for file in sorted(set(files.values())):
+        state.update(_read_safetensors(file))
     return state
 
 

@@ -38,6 +38,8 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
     target any subset. ``max_length`` bounds the tokens per row of one call.
     """
 
+    _builds_on_meta = False  # the slots snapshot their initial weights at construction
+
     def __init__(self,  # noqa: D417
                  model_cls: Any = AutoModelForCausalLM,
                  model_id: str | None = None,

@@ -89,6 +89,7 @@ def schedule_forward_backward(model: Any, group: OptimizerGroup, inputs: Any, nu
 
         sums = collective.all_reduce(sums, group=ps.get_context_parallel_group())
     group.last_task = "causal_lm"
+    group.last_loss = sums[0]  # record_backward keeps its finiteness for the skipped-step check
     group.record_backward(sums[1].to(torch.int64))
     group.last_outputs = None
     group.last_loss = None

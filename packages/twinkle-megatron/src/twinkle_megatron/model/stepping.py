@@ -2,11 +2,15 @@
 
 On the boundary the gradients are first *finalized* once: synchronised across data-parallel ranks
 and divided by the window's token count (``drivers.py``). Clipping is applied inside the
-optimizer's step; ``clip_grad_norm`` returns the norm before clipping.
+optimizer's step; ``clip_grad_norm`` returns the norm before clipping. A step the optimizer refuses
+(``step()`` reports no success: fp16 inf/NaN gradients) is a skipped step, handled by core.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from twinkle import collective
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.model.stepping import SteppingMixin as CoreSteppingMixin
 
@@ -26,6 +30,14 @@ class SteppingMixin(CoreSteppingMixin):
 
     def _clip_grads(self, group: OptimizerGroup, max_grad_norm: float, norm_type: float) -> float:
         return group.optimizer.clip(max_grad_norm, norm_type)
+
+    def _apply_step(self, group: OptimizerGroup) -> bool:
+        """megatron-core's optimizer reports whether it updated (False: fp16 inf/NaN gradients found)."""
+        return bool(group.optimizer.step())
+
+    def _any_rank(self, flags: Any) -> Any:
+        """Every rank of the model (all data, tensor and pipeline ranks) decides a skip together."""
+        return collective.all_reduce(flags, op="max") if self.sizes.world_size > 1 else flags
 
     def _advance_lr(self, group: OptimizerGroup) -> None:
         group.lr_scheduler.step(1)
