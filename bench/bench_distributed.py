@@ -87,11 +87,11 @@ def worker(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(result))
 
 
-def launch(args: argparse.Namespace, nproc: int, fsdp: int, port: int) -> dict:
+def launch(args: argparse.Namespace, nproc: int, fsdp: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                   f"--master_port={port}", __file__, "--worker", "--out", str(out), "--fsdp", str(fsdp),
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc_per_node={nproc}", __file__, "--worker", "--out", str(out), "--fsdp", str(fsdp),
                    "--steps", str(args.steps), "--rows", str(args.rows), "--seq", str(args.seq)]
         env = {**os.environ, "TWINKLE_DEVICE": os.environ.get("TWINKLE_DEVICE", "cpu"), "OMP_NUM_THREADS": "1"}
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -112,9 +112,9 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    single = launch(args, 1, 1, 29671)
-    ddp = launch(args, 2, 1, 29672)
-    fsdp = launch(args, 2, 2, 29673)
+    single = launch(args, 1, 1)
+    ddp = launch(args, 2, 1)
+    fsdp = launch(args, 2, 2)
     report = {
         "machine": {"cpus": os.cpu_count(), "device": os.environ.get("TWINKLE_DEVICE", "cpu"),
                     "omp_threads_per_process": 1},

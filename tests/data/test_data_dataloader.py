@@ -144,8 +144,8 @@ def test_torchrun_two_ranks_split_the_seed_flow(tmp_path):
     from twinkle.preprocessor import SelfCognitionProcessor
 
     script = Path(__file__).parent / "scripts" / "torchrun_loader.py"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           "--master_port=29561", str(script), str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

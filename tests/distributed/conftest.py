@@ -35,7 +35,7 @@ def _cpu_device(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def training_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
     out = tmp_path_factory.mktemp("training_job")
-    result = torchrun("train_job.py", TRAINING, out, port=29631, timeout=420)
+    result = torchrun("train_job.py", TRAINING, out, timeout=420)
     assert result.returncode == 0, f"torchrun training job failed:\n{result.output[-6000:]}"
     return result
 
@@ -44,6 +44,6 @@ def training_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
 def hsdp_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
     """4 processes as dp=2 x fsdp=2 (HSDP)."""
     out = tmp_path_factory.mktemp("hsdp_job")
-    result = torchrun("train_job.py", list(HSDP), out, port=29633, nproc=4, timeout=300)
+    result = torchrun("train_job.py", list(HSDP), out, nproc=4, timeout=300)
     assert result.returncode == 0, f"torchrun HSDP job failed:\n{result.output[-6000:]}"
     return result

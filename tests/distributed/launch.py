@@ -30,13 +30,16 @@ class JobResult:
         return torch.load(path, weights_only=False)
 
 
-def torchrun(script: str, args: list[str], out_dir: Path, port: int, nproc: int = 2,
+def torchrun(script: str, args: list[str], out_dir: Path, nproc: int = 2,
              timeout: float = 300) -> JobResult:
-    """``torchrun --nproc_per_node=nproc script out_dir *args``; a hang becomes a TimeoutExpired failure."""
+    """``torchrun --standalone --nproc_per_node=nproc script out_dir *args``; a hang becomes a TimeoutExpired failure.
+
+    ``--standalone``: torchrun binds a free port itself, so parallel runs never collide (a fixed port did).
+    """
     env = {**os.environ, "DIST_TEST_OUT": str(out_dir), "TWINKLE_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
-    command = [*TORCHRUN, f"--nproc_per_node={nproc}", f"--master_port={port}", str(SCRIPTS / script),
+    command = [*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(SCRIPTS / script),
                str(out_dir), *args]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     return JobResult(proc.returncode, proc.stdout + proc.stderr, out_dir)

@@ -20,7 +20,7 @@ PHASES = ("forward_backward", "clip_grad_and_step", "calculate_metric", "save", 
 @pytest.fixture(scope="module")
 def placement(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("placement_job")
-    result = torchrun("placement_job.py", [], out, port=29671, timeout=420)
+    result = torchrun("placement_job.py", [], out, timeout=420)
     assert result.returncode == 0, f"torchrun placement job failed:\n{result.output[-6000:]}"
     return [result.load("placement", rank) for rank in (0, 1)]
 

@@ -12,7 +12,7 @@ from launch import JobResult, torchrun
 def edge_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
     # rank 1 raises in step 2 while rank 0 waits in a collective: torchrun must end the job (rc != 0)
     # well inside this timeout; a hang would raise subprocess.TimeoutExpired and fail the tests.
-    return torchrun("edge_job.py", [], tmp_path_factory.mktemp("edge_job"), port=29632, timeout=300)
+    return torchrun("edge_job.py", [], tmp_path_factory.mktemp("edge_job"), timeout=300)
 
 
 def test_a_rank_failing_mid_step_ends_the_job_with_its_error(edge_job: JobResult) -> None:

@@ -18,7 +18,7 @@ MIB = 1024 * 1024
 
 @pytest.fixture(scope="module")
 def load_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:
-    result = torchrun("load_job.py", [], tmp_path_factory.mktemp("load_job"), port=29634, timeout=540)
+    result = torchrun("load_job.py", [], tmp_path_factory.mktemp("load_job"), timeout=540)
     assert result.returncode == 0, f"torchrun load job failed:\n{result.output[-6000:]}"
     return result
 

@@ -91,7 +91,7 @@ def nccl_world(monkeypatch):
     import torch.distributed as dist
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29791")
+    monkeypatch.setenv("MASTER_PORT", "0")  # one rank: its store binds a free port (a fixed one can collide)
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     yield
     dist.destroy_process_group()

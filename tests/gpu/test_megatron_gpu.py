@@ -245,17 +245,13 @@ def test_bf16_lora_keeps_frozen_weights_bf16_and_fp32_master_copies(tmp_path):
 
 def _two_gpu_run(tmp_path: Path, path: Path, layout: str) -> list[dict]:
     import json
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     out = tmp_path / layout
     out.mkdir()
     script = Path(__file__).parent / "megatron_two_gpus.py"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(script), str(path), layout, str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
     return json.loads((out / "rank0.json").read_text())

@@ -59,7 +59,6 @@ def launches(tmp_path_factory):
 
     Returns ``{name: (launch, output directory)}``; each test module waits for its own launch.
     """
-    import socket
 
     from megatron_testing import VOCAB_LARGE, hf_model, save_hf, shared_a_adapter
 
@@ -69,13 +68,10 @@ def launches(tmp_path_factory):
     large = save_hf(hf_model("qwen2", vocab_size=VOCAB_LARGE), root / "qwen2-large-vocab")
     adapter = shared_a_adapter(root / "adapter")
     scripts = Path(__file__).parent / "scripts"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     (root / "tp2").mkdir()
     (root / "simulated").mkdir()
     started = {
-        "tp2": (_Launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+        "tp2": (_Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                          str(scripts / "tp2_checks.py"), str(qwen2), str(qwen3), str(adapter), str(large),
                          str(root / "tp2")]),
                 root / "tp2"),

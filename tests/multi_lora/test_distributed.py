@@ -30,7 +30,7 @@ def job(tmp_path_factory):
     env = {**os.environ, "TWINKLE_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
            "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29713",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(SCRIPT), str(out), *MODES]
     # a rank stuck in a collective (e.g. a tenant whose parameters are unused) fails here instead of hanging
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

@@ -37,7 +37,7 @@ def test_resume_in_a_fresh_process_is_bitwise(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_two_rank_fsdp2_matches_one_process(tmp_path: Path) -> None:
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29741", str(SCRIPT),
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
           str(tmp_path), "fsdp"], timeout=420)
     sys.path.insert(0, str(SCRIPT.parent))
     from vl_job import fsdp_run
@@ -58,7 +58,7 @@ def test_two_rank_fsdp2_matches_one_process(tmp_path: Path) -> None:
 def test_ranks_with_and_without_images_stay_in_step_and_match_one_process(tmp_path: Path) -> None:
     # before the blank vision passes: FSDP2 ranks all-gathered different modules (a hang on NCCL, a gloo
     # size mismatch here) and DDP failed on the parameters a text-only rank left without gradient
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29743", str(MIXED),
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(MIXED),
           str(tmp_path)], timeout=420)
     sys.path.insert(0, str(MIXED.parent))
     from vl_mixed_job import STRATEGIES, mixed_run

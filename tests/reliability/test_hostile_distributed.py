@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("hostile_dist")
-    result = torchrun(str(Path(__file__).resolve().parent / "scripts" / "hostile_dist_job.py"), [], out, port=29681,
+    result = torchrun(str(Path(__file__).resolve().parent / "scripts" / "hostile_dist_job.py"), [], out,
                       timeout=300)
     return [result.load("hostile", rank) for rank in (0, 1)]
 

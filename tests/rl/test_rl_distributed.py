@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +12,6 @@ import pytest
 import torch
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "dp_job.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _job_module():
@@ -33,8 +26,8 @@ def test_every_loss_gradient_under_dp2_equals_one_process(tmp_path):
     env = {**os.environ, "TWINKLE_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
            "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           f"--master_port={_free_port()}", str(SCRIPT), str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", str(SCRIPT), str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=300)
     for rank in range(2):
         error = tmp_path / f"rl_dp.rank{rank}.error"
