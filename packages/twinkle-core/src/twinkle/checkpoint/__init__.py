@@ -5,6 +5,7 @@
 - :func:`write_trainer_state` / :func:`read_trainer_state`: ``trainer_state.json``, validated.
 - :func:`capture_rng_state` / :func:`restore_rng_state`: Python, NumPy and torch generators.
 - :func:`safe_torch_load` / :func:`torch_save`: pickled state loaded with ``weights_only=True``.
+- :func:`save_tokenizer`: the tokenizer and chat template beside the weights.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from twinkle.checkpoint.layout import (
 )
 from twinkle.checkpoint.rng import capture_rng_state, restore_rng_state
 from twinkle.checkpoint.state import TRAINER_STATE_VERSION, read_trainer_state, write_trainer_state
+from twinkle.checkpoint.tokenizer import save_tokenizer
 
 __all__ = [
     "OPTIMIZER_FILE",
@@ -40,6 +42,7 @@ __all__ = [
     "require_files",
     "restore_rng_state",
     "safe_torch_load",
+    "save_tokenizer",
     "torch_save",
     "validate_save_name",
     "write_trainer_state",

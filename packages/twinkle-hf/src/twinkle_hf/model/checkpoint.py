@@ -1,7 +1,7 @@
 """save / load / resume_from_checkpoint / get_state_dict of TransformersModel.
 
 A checkpoint directory holds HF-loadable weights (a ``save_pretrained`` directory for the full
-model, a flat PEFT adapter directory for LoRA), the tokenizer when a template has one, and with
+model, a flat PEFT adapter directory for LoRA), the tokenizer (the template's, else the model's own), and with
 ``save_optimizer=True`` the optimizer, scheduler, scaler and RNG states; ``trainer_state.json``
 always. It is written under a temporary name and renamed when complete.
 """
@@ -24,6 +24,7 @@ from twinkle.checkpoint import (
     require_files,
     restore_rng_state,
     safe_torch_load,
+    save_tokenizer,
     torch_save,
     write_trainer_state,
 )
@@ -134,9 +135,7 @@ class CheckpointMixin:
                 dist_ckpt.save_full_export(self._hf_model(), tmp)
             dist_ckpt.save_sharded(self, group, tmp, save_optimizer)
             if rank() == 0:
-                tokenizer = getattr(group.template, "tokenizer", None)
-                if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-                    tokenizer.save_pretrained(str(tmp))
+                save_tokenizer(tmp, group.template, self.model_path)
                 write_trainer_state(tmp, group.trainer_state(
                     consumed_train_samples, mixed_precision=self.mixed_precision,
                     has_optimizer_state=bool(save_optimizer), world_size=self.dist_plan.world_size,
@@ -148,9 +147,7 @@ class CheckpointMixin:
             save_adapter(self.model, group.name, directory)
         else:
             save_full(self._hf_model(), directory)
-        tokenizer = getattr(group.template, "tokenizer", None)
-        if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(str(directory))
+        save_tokenizer(directory, group.template, self.model_path)
 
     def _load_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:

@@ -19,6 +19,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from twinkle.checkpoint import save_tokenizer
 from twinkle.mesh import DeviceMesh
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multi_lora import LoraTenant, MultiLora
@@ -176,9 +177,7 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
     def _save_weights(self, group: OptimizerGroup, directory: Path) -> None:
         tenant = self.multi_lora.resolve(group.name)
         save_tenant(self.slots, self.slots.specs[group.name], tenant.tenant_config, directory, self.model_path)
-        tokenizer = getattr(group.template, "tokenizer", None)
-        if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(str(directory))
+        save_tokenizer(directory, group.template, self.model_path)
 
     def _load_weights(self, group: OptimizerGroup, directory: Path) -> None:
         tenant = self.multi_lora.resolve(group.name)
