@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from twinkle.checkpoint import save_tokenizer
 from twinkle.mesh import DeviceMesh
+from twinkle.model.lora_targets import with_default_targets
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multi_lora import LoraTenant, MultiLora
 from twinkle.remote import remote_class
@@ -93,6 +94,10 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
         else:
             self.model.add_adapter(tenant.adapter_name, tenant.config)
         self.slots.snapshot(tenant.adapter_name)
+
+    def complete_tenant_config(self, config: Any) -> Any:
+        """No target_modules: peft's defaults for this model type, as get_peft_model would choose."""
+        return with_default_targets(config, self._hf_model().config.model_type)
 
     def check_tenant_config(self, config: Any) -> frozenset[str]:
         LoraSlots.check_config(config, [n for n, _ in self._hf_model().named_modules() if n])
