@@ -106,6 +106,12 @@ class MegatronDriver:
         return self.optimizer.get_loss_scale()
 
 
+def ddp_settings(model: Any) -> dict[str, Any]:
+    """Megatron DDP's settings: twinkle's defaults under the DistributedDataParallelConfig kwargs of the model."""
+    return {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False, "use_distributed_optimizer": True,
+            **model.megatron_kwargs.ddp}
+
+
 def wrap_for_training(model: Any) -> list[Any]:
     """Megatron DDP (over Float16Module for bf16/fp16) around the GPTModel; once per model."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -113,8 +119,7 @@ def wrap_for_training(model: Any) -> list[Any]:
 
     config = model.transformer_config
     module = Float16Module(config, model.gpt) if (config.bf16 or config.fp16) else model.gpt
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                               use_distributed_optimizer=True)
+    ddp_config = DistributedDataParallelConfig(**ddp_settings(model))
     chunk = DistributedDataParallel(config, ddp_config, module)
     model.model = chunk
     model.chunks = [chunk]

@@ -67,8 +67,12 @@ class TrainingMixin:
         """
         group = self._group(adapter_name)
         group.take_accumulation_steps(kwargs)
-        micro = int(kwargs.pop("num_microbatches", 1))
+        micro = kwargs.pop("num_microbatches", None)
         _check_task(task)
+        if micro is None and self.megatron_kwargs.micro_batch_size is not None:  # the constructor's setting
+            micro = self.megatron_kwargs.num_microbatches(len(inputs["input_ids"] if isinstance(inputs, dict)
+                                                              else inputs))
+        micro = int(micro or 1)
         if self.device_type == "cuda":
             from twinkle_megatron.model.schedule import schedule_forward_backward
 
