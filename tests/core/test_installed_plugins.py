@@ -26,7 +26,9 @@ def site(tmp_path_factory) -> Path:
 
 
 def run_python(site: Path, code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "PYTHONPATH": str(site), **env}
+    # the site first; an existing PYTHONPATH (a checkout's sources over the installed packages) stays after it
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    environ = {**os.environ, "PYTHONPATH": path, **env}
     return subprocess.run([sys.executable, *args, "-c", code] if code else [sys.executable, *args],
                           capture_output=True, text=True, env=environ, timeout=120)
 
@@ -86,6 +88,9 @@ def test_twinkle_plugins_lists_every_component_with_its_distribution(site):
     assert rows[("platform", "npu")]["distribution"] == "twinkle-npu"
     assert rows[("model", "MegatronModel")]["distribution"] == "twinkle-megatron"
     assert rows[("model", "TransformersModel")]["distribution"] == "twinkle-hf"
+    assert rows[("patch", "ExamplePatch")]["distribution"] == "twinkle-example-plugin"  # a plugin's Patch subclass
+    assert rows[("patch", "GradientCheckpointing")]["distribution"] == "twinkle-core"
+    assert rows[("patch", "TransformersFusedCEPatch")]["distribution"] == "twinkle-hf"
     assert {r["kind"] for r in listing["components"]} >= {"model", "loss", "optimizer", "platform", "kernel"}
     assert "broken" in listing["failed_plugins"]
 

@@ -61,6 +61,8 @@ class TransformersModel(DistributedMixin, GroupsMixin, ComponentsMixin, Training
     ``fully_shard``, HSDP when ``dp_size > 1`` too; ``accelerate``: its FSDP2 plugin from
     ``fsdp_config``). Wrapping happens at the first ``set_optimizer`` or forward, after adapters are
     added. ``memory_efficient_init``: only rank 0 reads the weights (see docs/distributed.md).
+    ``gradient_checkpointing``: recompute activations in backward (the ``GradientCheckpointing`` patch):
+    the same losses with less activation memory.
     """
 
     def __init__(self,  # noqa: D417
@@ -74,6 +76,7 @@ class TransformersModel(DistributedMixin, GroupsMixin, ComponentsMixin, Training
                  fsdp_config: dict[str, Any] | None = None,
                  grad_scaler_config: dict[str, Any] | None = None,
                  memory_efficient_init: bool = False,
+                 gradient_checkpointing: bool = False,
                  **kwargs: Any) -> None:
         runtime = get_runtime()
         if device_mesh is None and runtime.initialized:
@@ -105,6 +108,8 @@ class TransformersModel(DistributedMixin, GroupsMixin, ComponentsMixin, Training
         self.model = model if _is_meta(model) else model.to(self.device)
         self.optimizer_group: dict[str, OptimizerGroup] = {DEFAULT_GROUP: self._new_group(DEFAULT_GROUP)}
         self.patches: list[Any] = []
+        if gradient_checkpointing:
+            self.apply_patch("GradientCheckpointing")
 
     def _new_group(self, name: str, is_adapter: bool = False, gradient_accumulation_steps: int = 1) -> OptimizerGroup:
         """A fresh group; under fp16 it gets its own GradScaler from the first backward on."""
