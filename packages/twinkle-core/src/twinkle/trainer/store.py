@@ -24,6 +24,8 @@ logger = get_logger()
 MANIFEST = "manifest.json"
 TRAINER_FILE = "trainer.json"
 MODEL_SUBDIR = "model"
+#: the latest-only snapshot (``snapshot_interval``) beside the step-N checkpoints
+SNAPSHOT = "snapshot"
 _NAME = re.compile(r"^step-(\d+)$")
 #: test hook: seconds to sleep after the files are written and before the rename (reliability tests)
 SAVE_SLEEP_ENV = "TWINKLE_TRAINER_TEST_SAVE_SLEEP"
@@ -33,15 +35,17 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def write_checkpoint(root: Path, step: int, save_model: Any, trainer_state: dict[str, Any]) -> Path:
-    """Build ``root/step-N`` atomically: ``save_model(tmp)`` writes ``tmp/model``, then trainer.json, manifest.
+def write_checkpoint(root: Path, step: int, save_model: Any, trainer_state: dict[str, Any],
+                     name: str | None = None) -> Path:
+    """Build ``root/step-N`` (or ``root/name``, replacing it) atomically: ``save_model(tmp)`` writes
+    ``tmp/model``, then trainer.json, manifest.
 
     Under torchrun every rank calls this: rank 0 owns the temporary directory and the rename, every
     rank runs ``save_model`` into the same temporary directory (sharded saves need them all).
     """
     from twinkle.trainer import _dist
 
-    final = root / checkpoint_name(step)
+    final = root / (name or checkpoint_name(step))
     if not _dist.active():
         with atomic_directory(final) as tmp:
             save_model(tmp)
@@ -90,12 +94,22 @@ def verify(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{str(path / TRAINER_FILE)!r} is not valid JSON ({exc}).") from exc
 
 
-def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every directory named like a checkpoint, oldest first (complete or not)."""
+def list_checkpoints(root: Path, with_snapshot: bool = False) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every directory named like a checkpoint, oldest first (complete or not).
+
+    ``with_snapshot``: the snapshot too, at the step its manifest records (a full checkpoint of the
+    same step sorts after it).
+    """
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
-    return sorted(found)
+    found = [(int(m.group(1)), 1, p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    snapshot = root / SNAPSHOT
+    if with_snapshot and snapshot.is_dir():
+        try:
+            found.append((int(json.loads((snapshot / MANIFEST).read_text())["step"]), 0, snapshot))
+        except (OSError, ValueError, KeyError, TypeError):
+            found.append((-1, 0, snapshot))  # unreadable: tried last, reported as damaged by verify()
+    return [(step, path) for step, _, path in sorted(found)]
 
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:

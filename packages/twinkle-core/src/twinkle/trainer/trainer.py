@@ -7,6 +7,7 @@ save, resume_from_checkpoint), so any registered model works. See docs/trainer.m
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ class Trainer:
             if importlib.util.find_spec("tensorboard") is None:
                 raise ConfigError("exp_tracker: 'tensorboard' needs the tensorboard package (pip install "
                                   "tensorboard), or use exp_tracker='jsonl'.")
+        setup.check_names(self.config)  # every name resolves, before anything is loaded or created
+        _infra.device_mesh(self.config)  # the parallel sizes fit the launched processes
+        self._new_work_dir = not Path(self.config.work_dir).expanduser().exists()
         self.work_dir = setup.check_work_dir(self.config.work_dir)
         self.ckpt_root = self.work_dir / "checkpoints"
         self._stop_requested = False
@@ -72,11 +76,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ fit
     def fit(self) -> FitResult:
-        """Train to total_step (or until a stop request); in ray mode the actors are stopped on return."""
+        """Train to total_step (or until a stop request); in ray mode the actors are stopped on return.
+
+        A run that fails before it wrote anything leaves no work directory behind (if it made one).
+        """
         try:
-            return self._fit()
+            with setup.log_file(self.log_dir / "train.log", enabled=os.environ.get("RANK", "0") == "0"):
+                return self._fit()
+        except BaseException:
+            if self._new_work_dir:
+                setup.prune_empty(self.work_dir)
+            raise
         finally:
             _infra.shutdown(self.config)
+
+    @property
+    def log_dir(self) -> Path:
+        """Where metrics and train.log go: ``log_dir``, else ``work_dir/logs``."""
+        return Path(self.config.log_dir).expanduser() if self.config.log_dir else self.work_dir / "logs"
 
     def _fit(self) -> FitResult:
         from twinkle.dataloader import DataLoader
@@ -108,10 +125,12 @@ class Trainer:
         state, resumed_from = self._auto_resume(loader) if cfg.auto_resume else ({}, None)
         self.best = state.get("best_eval_loss")
         self.best = math.inf if self.best is None else self.best
-        tracker = make_tracker(cfg.exp_tracker, self.work_dir, group.cur_step) if self.is_main else None
+        tracker = make_tracker(cfg.exp_tracker, self.work_dir, group.cur_step,
+                               Path(cfg.log_dir).expanduser() if cfg.log_dir else None) if self.is_main else None
         profiler = StepProfiler(self.work_dir / "profile", cfg.profile_steps, cfg.profile_time, cfg.profile_memory)
         last_loss, last_ckpt = state.get("last_loss"), str(resumed_from) if resumed_from else None
         exports: list[str] = []
+        max_norm = cfg.optimizer.max_grad_norm if cfg.do_clip else math.inf  # inf: the norm, no scaling
         previous = signal.signal(signal.SIGINT, self._on_sigint) if _main_thread() else None
         try:
             while group.cur_step < total and not self._stop_requested:
@@ -120,8 +139,8 @@ class Trainer:
                     batches = 0
                     for batch in loader:
                         model.forward_backward(inputs=batch, adapter_name=self.adapter, task=cfg.loss.task)
-                        model.clip_grad_and_step(max_grad_norm=cfg.optimizer.max_grad_norm,
-                                                 adapter_name=self.adapter, gradient_accumulation_steps=gas)
+                        model.clip_grad_and_step(max_grad_norm=max_norm, adapter_name=self.adapter,
+                                                 gradient_accumulation_steps=gas)
                         group.micro_batch_done()
                         batches += 1
                         if not group.micro_step:
@@ -150,6 +169,8 @@ class Trainer:
                 final = step >= total or self._stop_requested
                 if _due(cfg.checkpoint_interval, step) or final:
                     last_ckpt = str(self._save(step, loader, last_loss))
+                elif _due(cfg.snapshot_interval, step):
+                    self._save(step, loader, last_loss, snapshot=True)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -170,7 +191,12 @@ class Trainer:
         logger.warning("Ctrl-C: finishing this step and saving a checkpoint (Ctrl-C again to abort).")
         self._stop_requested = True
 
-    def _save(self, step: int, loader: Any, last_loss: float | None) -> Path:
+    def _save(self, step: int, loader: Any, last_loss: float | None, snapshot: bool = False) -> Path:
+        """A full checkpoint ``checkpoints/step-N``, or (``snapshot``) the one latest-only ``checkpoints/snapshot``.
+
+        A snapshot holds the same resumable state but replaces the previous one, is never rotated
+        and gets no HF export: a cheap restart point between full checkpoints.
+        """
         consumed = loader.get_state()["consumed_train_samples"]
         state = {"step": step, "consumed_train_samples": consumed, "last_loss": last_loss,
                  "best_eval_loss": None if math.isinf(self.best) else self.best}
@@ -179,6 +205,8 @@ class Trainer:
             self.model.save(store.MODEL_SUBDIR, output_dir=str(tmp), adapter_name=self.adapter,
                             save_optimizer=True, consumed_train_samples=consumed)
 
+        if snapshot:
+            return store.write_checkpoint(self.ckpt_root, step, save_model, state, name=store.SNAPSHOT)
         path = store.write_checkpoint(self.ckpt_root, step, save_model, state)
         if self.is_main:
             for gone in store.rotate(self.ckpt_root, self.config.checkpoint_maxkeep):
@@ -189,7 +217,7 @@ class Trainer:
         """Continue from the newest complete checkpoint; a damaged newer one is reported and skipped."""
         from twinkle.checkpoint import CheckpointError
 
-        for step, path in reversed(store.list_checkpoints(self.ckpt_root)):
+        for step, path in reversed(store.list_checkpoints(self.ckpt_root, with_snapshot=True)):
             try:
                 state = store.verify(path)
                 progress = self.model.resume_from_checkpoint(str(path / store.MODEL_SUBDIR),

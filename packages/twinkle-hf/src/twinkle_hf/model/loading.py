@@ -45,10 +45,12 @@ def check_not_adapter_dir(path: str) -> None:
 
 
 def load_hf_model(model_cls: Any, model_id: str | None, config: PretrainedConfig | None,
-                  kwargs: dict[str, Any]) -> tuple[PreTrainedModel, str | None]:
+                  kwargs: dict[str, Any], strict: bool = False) -> tuple[PreTrainedModel, str | None]:
     """Load pretrained weights (``model_id``) or build from ``config`` (random init).
 
     Weights default to float32 (the master copy mixed precision trains); pass ``dtype=`` to override.
+    ``strict``: weights that do not fit the model (missing, unexpected or mis-shaped tensors, which
+    transformers would initialise randomly or drop with a warning) are an error.
     Returns the model and the local path it came from.
     """
     cls = resolve_model_cls(model_cls)
@@ -65,10 +67,25 @@ def load_hf_model(model_cls: Any, model_id: str | None, config: PretrainedConfig
             return _from_config(cls, config, kwargs), path
         if config is not None:
             kwargs["config"] = config
-        return cls.from_pretrained(path, **kwargs), path
+        if not strict:
+            return cls.from_pretrained(path, **kwargs), path
+        model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
+        check_loading_info(info, path)
+        return model, path
     if config is None:
         raise ValueError("TransformersModel needs model_id= (hub id or local directory) or config= (random init).")
     return _from_config(cls, config, kwargs), None
+
+
+def check_loading_info(info: dict[str, Any], path: str) -> None:
+    """Refuse a load that left weights missing, unused or mis-shaped (transformers only warns)."""
+    problems = [f"{len(info[key])} {what} (e.g. {sorted(map(str, info[key]))[:3]})"
+                for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"),
+                                  ("mismatched_keys", "mis-shaped")) if info.get(key)]
+    if problems:
+        raise ValueError(f"The weights in {path!r} do not fit the model: {'; '.join(problems)} tensors. "
+                         "Load a checkpoint of this architecture, or pass strict_load=False to accept it "
+                         "(missing weights are then randomly initialised).")
 
 
 def _from_config(cls: Any, config: PretrainedConfig, kwargs: dict[str, Any]) -> PreTrainedModel:

@@ -62,7 +62,8 @@ class TransformersModel(DistributedMixin, GroupsMixin, ComponentsMixin, Training
     ``fsdp_config``). Wrapping happens at the first ``set_optimizer`` or forward, after adapters are
     added. ``memory_efficient_init``: only rank 0 reads the weights (see docs/distributed.md).
     ``gradient_checkpointing``: recompute activations in backward (the ``GradientCheckpointing`` patch):
-    the same losses with less activation memory.
+    the same losses with less activation memory. ``strict_load``: weights in ``model_id`` that do not fit
+    the model (missing/unexpected/mis-shaped) are an error instead of transformers' warning.
     """
 
     def __init__(self,  # noqa: D417
@@ -77,6 +78,7 @@ class TransformersModel(DistributedMixin, GroupsMixin, ComponentsMixin, Training
                  grad_scaler_config: dict[str, Any] | None = None,
                  memory_efficient_init: bool = False,
                  gradient_checkpointing: bool = False,
+                 strict_load: bool = False,
                  **kwargs: Any) -> None:
         runtime = get_runtime()
         if device_mesh is None and runtime.initialized:
@@ -101,7 +103,7 @@ class TransformersModel(DistributedMixin, GroupsMixin, ComponentsMixin, Training
 
             model, self.model_path = load_rank0_only(model_cls, model_id, config, kwargs)
         else:
-            model, self.model_path = load_hf_model(model_cls, model_id, config, kwargs)
+            model, self.model_path = load_hf_model(model_cls, model_id, config, kwargs, strict=strict_load)
         self.model_id = model_id
         if self.precision.provider is not None:
             model = self.precision.provider.prepare_model(model)
