@@ -45,6 +45,16 @@ def check_names(cfg: TrainerConfig) -> None:
             raise ConfigError(f"{where}: {exc}") from None
 
 
+def first_missing(path: Path) -> Path | None:
+    """The outermost directory of ``path`` that does not exist yet (what creating it would make), or None."""
+    path = path.expanduser().resolve()
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
 def prune_empty(root: Path) -> None:
     """Remove ``root`` if it holds nothing but empty files and directories (what a failed start leaves)."""
     if not root.is_dir():

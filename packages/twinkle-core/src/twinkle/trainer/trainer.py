@@ -59,7 +59,7 @@ class Trainer:
                                   "tensorboard), or use exp_tracker='jsonl'.")
         setup.check_names(self.config)  # every name resolves, before anything is loaded or created
         _infra.device_mesh(self.config)  # the parallel sizes fit the launched processes
-        self._new_work_dir = not Path(self.config.work_dir).expanduser().exists()
+        self._made_dir = setup.first_missing(Path(self.config.work_dir))  # removed again if the start fails
         self.work_dir = setup.check_work_dir(self.config.work_dir)
         self.ckpt_root = self.work_dir / "checkpoints"
         self._stop_requested = False
@@ -84,8 +84,8 @@ class Trainer:
             with setup.log_file(self.log_dir / "train.log", enabled=os.environ.get("RANK", "0") == "0"):
                 return self._fit()
         except BaseException:
-            if self._new_work_dir:
-                setup.prune_empty(self.work_dir)
+            if self._made_dir is not None:
+                setup.prune_empty(self._made_dir)
             raise
         finally:
             _infra.shutdown(self.config)
