@@ -18,25 +18,39 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     rename. An existing ``final`` is moved aside first and removed only after the new one is in
     place; if anything raises, the temporary directory is deleted and ``final`` is untouched.
     """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp = final.parent / f".{final.name}.tmp-{token}"
-    tmp.mkdir()
+    tmp = make_temporary(final)
     try:
         yield tmp
-        _fsync_dir(tmp)
-        old = None
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{token}"
-            os.replace(final, old)
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        commit(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def make_temporary(final: str | os.PathLike[str]) -> Path:
+    """A new empty ``.NAME.tmp-<token>`` directory beside ``final`` (:func:`commit` renames it into place).
+
+    Split from :func:`atomic_directory` for writes that finish later (an asynchronous checkpoint).
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    """Rename the complete ``tmp`` to ``final``, replacing an existing ``final`` only once ``tmp`` is in place."""
+    tmp, final = Path(tmp), Path(final)
+    _fsync_dir(tmp)
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{tmp.name.rpartition('.tmp-')[2]}"
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:

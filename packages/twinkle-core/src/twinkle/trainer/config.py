@@ -246,6 +246,9 @@ class TrainerConfig:
         if self.infra_mode is not None:  # the older top-level spelling sets infra.mode
             self.infra = InfraConfig(**{**asdict(self.infra), "mode": self.infra_mode})
             self.infra_mode = None
+        if self.infra.mode == "ray" and self.async_checkpoint:
+            raise ConfigError("async_checkpoint: not available with infra.mode 'ray' (the model saves in its actors); "
+                              "run under torchrun, or set async_checkpoint=false.")
         if self.infra.mode == "ray" and self.lora.enabled and self.lora.merge_on_export:
             raise ConfigError("lora.merge_on_export: not available with infra.mode 'ray' (the model lives in the "
                               "actors); export the adapter and merge it afterwards, or run under torchrun.")

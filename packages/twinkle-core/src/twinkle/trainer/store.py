@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from twinkle.checkpoint import CheckpointError, atomic_directory
+from twinkle.checkpoint import CheckpointError, atomic_directory, commit, make_temporary
 from twinkle.log import get_logger
 
 logger = get_logger()
@@ -63,6 +63,51 @@ def write_checkpoint(root: Path, step: int, save_model: Any, trainer_state: dict
         _dist.barrier()
     _dist.barrier()  # renamed: every rank may read it now
     return final
+
+
+class PendingCheckpoint:
+    """A checkpoint whose model files are still being written (``async_checkpoint``).
+
+    Until :meth:`finish` it exists only as ``.step-N.tmp-*`` (removed by :func:`clean_stale` after
+    a crash); :meth:`finish` waits for the writes, adds trainer.json and the manifest and renames it.
+    """
+
+    def __init__(self, tmp: Path, final: Path, step: int, model_save: Any, trainer_state: dict[str, Any]) -> None:
+        self.tmp, self.final, self.step = tmp, final, step
+        self.model_save, self.trainer_state = model_save, trainer_state
+
+    def done(self) -> bool:
+        """This process's writes are over (finishing will not block on them)."""
+        return self.model_save.done()
+
+    def finish(self) -> Path:
+        """Complete it under its final name (every rank calls this)."""
+        from twinkle.trainer import _dist
+
+        self.model_save.wait()
+        if _dist.rank() == 0:
+            _finish(self.tmp, self.step, self.trainer_state)
+            commit(self.tmp, self.final)
+        _dist.barrier()
+        return self.final
+
+
+def begin_checkpoint(root: Path, step: int, save_model: Any, trainer_state: dict[str, Any],
+                     name: str | None = None) -> PendingCheckpoint:
+    """Start ``root/step-N`` (or ``root/name``): ``save_model(tmp)`` returns the model's pending save."""
+    from twinkle.trainer import _dist
+
+    final = root / (name or checkpoint_name(step))
+    if _dist.rank() == 0:
+        tmp = Path(_dist.broadcast_object(str(make_temporary(final))))
+    else:
+        tmp = Path(_dist.broadcast_object(None))
+    try:
+        return PendingCheckpoint(tmp, final, step, save_model(tmp), trainer_state)
+    except BaseException:
+        if _dist.rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _finish(tmp: Path, step: int, trainer_state: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ save, resume_from_checkpoint), so any registered model works. See docs/trainer.m
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import signal
@@ -63,6 +64,7 @@ class Trainer:
         self.work_dir = setup.check_work_dir(self.config.work_dir)
         self.ckpt_root = self.work_dir / "checkpoints"
         self._stop_requested = False
+        self._pending: Any = None  # an async checkpoint still being written
         self.model: Any = None
         self.on_step: Any = None  # optional callback(step, record) for progress bars
 
@@ -116,6 +118,9 @@ class Trainer:
                               "training rows; lower it or use more data.")
         total = cfg.total_step or max(len(loader) // gas, 1) * cfg.total_epoch
         self.model = model = setup.build_model(cfg, model_id, total)
+        if cfg.async_checkpoint and "async_save" not in inspect.signature(model.save).parameters:
+            raise ConfigError(f"async_checkpoint: {cfg.model.type}.save cannot write in the background; "
+                              "set async_checkpoint=false.")
         self.adapter = cfg.lora.adapter_name if cfg.lora.enabled else None
         self.progress = group = _infra.progress(cfg, model, self.adapter)
         if init_ckpt is not None:
@@ -150,6 +155,8 @@ class Trainer:
                 if group.micro_step:  # the epoch ended inside an accumulation window; keep filling it
                     continue
                 step = group.cur_step
+                if self._pending is not None and not _dist.active() and self._pending.done():
+                    self._finish_pending()  # one process: complete it as soon as its files are written
                 metric = model.calculate_metric(is_training=True, adapter_name=self.adapter)
                 group.check(metric)
                 last_loss = float(metric.get("loss", math.nan))
@@ -171,6 +178,7 @@ class Trainer:
                     last_ckpt = str(self._save(step, loader, last_loss))
                 elif _due(cfg.snapshot_interval, step):
                     self._save(step, loader, last_loss, snapshot=True)
+            self._finish_pending()
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -201,17 +209,33 @@ class Trainer:
         state = {"step": step, "consumed_train_samples": consumed, "last_loss": last_loss,
                  "best_eval_loss": None if math.isinf(self.best) else self.best}
 
-        def save_model(tmp: Path) -> None:
-            self.model.save(store.MODEL_SUBDIR, output_dir=str(tmp), adapter_name=self.adapter,
-                            save_optimizer=True, consumed_train_samples=consumed)
+        def save_model(tmp: Path) -> Any:
+            background = {"async_save": True} if self.config.async_checkpoint else {}
+            return self.model.save(store.MODEL_SUBDIR, output_dir=str(tmp), adapter_name=self.adapter,
+                                   save_optimizer=True, consumed_train_samples=consumed, **background)
 
+        if self.config.async_checkpoint:  # one save in flight: the previous one completes first
+            self._finish_pending()
+            self._pending = store.begin_checkpoint(self.ckpt_root, step, save_model, state,
+                                                   name=store.SNAPSHOT if snapshot else None)
+            return self._pending.final
         if snapshot:
             return store.write_checkpoint(self.ckpt_root, step, save_model, state, name=store.SNAPSHOT)
         path = store.write_checkpoint(self.ckpt_root, step, save_model, state)
+        self._rotate()
+        return path
+
+    def _finish_pending(self) -> None:
+        """Complete the async checkpoint in flight, if any (blocks until its files are written)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.finish()
+            self._rotate()
+
+    def _rotate(self) -> None:
         if self.is_main:
             for gone in store.rotate(self.ckpt_root, self.config.checkpoint_maxkeep):
                 logger.info("rotated out %s", gone.name)
-        return path
 
     def _auto_resume(self, loader: Any) -> tuple[dict[str, Any], Path | None]:
         """Continue from the newest complete checkpoint; a damaged newer one is reported and skipped."""

@@ -10,7 +10,9 @@ by rank 0 and renamed by it only after every rank finished, so the atomic-rename
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,9 @@ from twinkle.checkpoint import (
     SCALER_FILE,
     SCHEDULER_FILE,
     CheckpointError,
-    atomic_directory,
     capture_rng_state,
+    commit,
+    make_temporary,
     restore_rng_state,
     safe_torch_load,
     torch_save,
@@ -37,27 +40,37 @@ DCP_OPTIMIZER = "dcp_optimizer"
 @contextmanager
 def shared_atomic_directory(final: Path) -> Iterator[Path]:
     """:func:`atomic_directory` for every rank: rank 0 owns the temporary name and the rename."""
-    if comm.rank() == 0:
-        with atomic_directory(final) as tmp:
-            comm.broadcast_object(str(tmp))
-            ok = False
-            try:
-                yield tmp
-                ok = True
-            finally:
-                comm.agree(ok, f"saving {final}")
-            if not ok:
-                return
-        comm.barrier()  # the rename is done: everyone may read the final directory
-        return
-    tmp = Path(comm.broadcast_object(None))
+    tmp = shared_temporary(final)
     ok = False
     try:
         yield tmp
         ok = True
     finally:
+        shared_commit(tmp, final, ok)
+
+
+def shared_temporary(final: Path) -> Path:
+    """The temporary directory for ``final``, made by rank 0 and known to every rank."""
+    if comm.rank() == 0:
+        return Path(comm.broadcast_object(str(make_temporary(final))))
+    return Path(comm.broadcast_object(None))
+
+
+def shared_commit(tmp: Path, final: Path, ok: bool = True) -> None:
+    """Every rank says whether its part succeeded; rank 0 renames (or discards) ``tmp``; then all proceed."""
+    try:
         comm.agree(ok, f"saving {final}")
-    comm.barrier()
+    except BaseException:
+        if comm.rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if not ok:  # this rank failed (the others raised in agree); its own error follows
+        if comm.rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    if comm.rank() == 0:
+        commit(tmp, final)
+    comm.barrier()  # the rename is done: everyone may read the final directory
 
 
 def optimizers_of(optimizer: Any) -> list[Any]:
@@ -71,18 +84,25 @@ def trainable_params(owner: Any, group: Any) -> dict[str, torch.Tensor]:
     return {n: p for n, p in owner.model.named_parameters() if id(p) in ids}
 
 
-def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool) -> None:
-    """Every rank writes its shards of the weights (and optimizer) with DCP; rank 0 the small files."""
+def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool,
+                 async_save: bool = False) -> list[Future]:
+    """Every rank writes its shards of the weights (and optimizer) with DCP; rank 0 the small files.
+
+    ``async_save``: DCP's ``async_save`` copies the tensors to host memory now and writes them in a
+    background thread; the returned futures finish the writes (every file is under ``directory``).
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    dcp.save({n: p.detach() for n, p in trainable_params(owner, group).items()},
-             checkpoint_id=str(directory / DCP_MODEL))
-    if not save_optimizer:
-        return
-    if group.optimizer is not None:
+    write = dcp.async_save if async_save else dcp.save
+    pending = [write({n: p.detach() for n, p in trainable_params(owner, group).items()},
+                     checkpoint_id=str(directory / DCP_MODEL))]
+    if save_optimizer and group.optimizer is not None:
         state = get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))
-        dcp.save(state, checkpoint_id=str(directory / DCP_OPTIMIZER))
+        pending.append(write(state, checkpoint_id=str(directory / DCP_OPTIMIZER)))
+    futures = [f for f in pending if isinstance(f, Future)]
+    if not save_optimizer:
+        return futures
     rank = comm.rank()
     torch_save(capture_rng_state(), directory / rng_file(rank))
     if rank == 0:
@@ -90,6 +110,7 @@ def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool) 
             torch_save(group.lr_scheduler.state_dict(), directory / SCHEDULER_FILE)
         if group.scaler is not None:
             torch_save(group.scaler.state_dict(), directory / SCALER_FILE)
+    return futures
 
 
 def rng_file(rank: int) -> str:

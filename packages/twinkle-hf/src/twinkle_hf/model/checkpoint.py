@@ -17,6 +17,7 @@ from twinkle.checkpoint import (
     SCALER_FILE,
     SCHEDULER_FILE,
     CheckpointError,
+    PendingSave,
     atomic_directory,
     capture_rng_state,
     checkpoint_path,
@@ -48,8 +49,16 @@ class CheckpointMixin:
     """Checkpoint half of the TwinkleModel API."""
 
     def save(self, name: str, output_dir: str | None = None, *, adapter_name: str | None = None,
-             save_optimizer: bool = False, consumed_train_samples: int = 0, **kwargs: Any) -> str:
-        """Write ``output_dir/name`` (``output_dir`` defaults to ``./output``) and return its path."""
+             save_optimizer: bool = False, consumed_train_samples: int = 0, async_save: bool = False,
+             **kwargs: Any) -> str | PendingSave:
+        """Write ``output_dir/name`` (``output_dir`` defaults to ``./output``) and return its path.
+
+        ``async_save=True`` returns a :class:`twinkle.checkpoint.PendingSave` at once: the weights
+        and optimizer state are copied to host memory and written by torch.distributed.checkpoint's
+        ``async_save`` while training goes on (the sharded layout, on one process too); the HF-loadable
+        weights, tokenizer and small files are written now. ``pending.wait()`` (every rank) puts the
+        directory under its final name; until then it exists only under a temporary one.
+        """
         if kwargs:
             raise TypeError(f"save() got unexpected arguments {sorted(kwargs)}.")
         group = self._group(adapter_name)
@@ -58,8 +67,8 @@ class CheckpointMixin:
             logger.warning("Saving group %r in the middle of gradient accumulation (%d of %d micro-batches): the "
                            "pending gradients are not saved.", group.name, group.micro_step,
                            group.gradient_accumulation_steps)
-        if self.dist_plan.distributed:
-            return self._save_distributed(group, final, save_optimizer, consumed_train_samples)
+        if self.dist_plan.distributed or async_save:
+            return self._save_distributed(group, final, save_optimizer, consumed_train_samples, async_save)
         with atomic_directory(final) as tmp:
             self._save_weights(group, tmp)
             if save_optimizer:
@@ -94,9 +103,10 @@ class CheckpointMixin:
         directory = Path(checkpoint_dir).expanduser()
         require_files(directory, [], "checkpoint")
         state = read_trainer_state(directory)
-        if self.dist_plan.distributed:
+        from twinkle_hf.distributed.checkpoint import DCP_MODEL, load_sharded
+
+        if self.dist_plan.distributed or (directory / DCP_MODEL).is_dir():  # sharded, or an async save
             self._ensure_wrapped()
-            from twinkle_hf.distributed.checkpoint import load_sharded
 
             load_sharded(self, group, directory, with_training_state=not resume_only_model)
             return group.restore_progress(state)
@@ -120,27 +130,32 @@ class CheckpointMixin:
 
     # -------------------------------------------------------------- internals
     def _save_distributed(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
-                          consumed_train_samples: int) -> str:
+                          consumed_train_samples: int, async_save: bool = False) -> str | PendingSave:
         """Every rank takes part: DCP shards from all, the HF export and small files from rank 0."""
         from twinkle_hf.distributed import checkpoint as dist_ckpt
         from twinkle_hf.distributed.comm import rank
 
         self._ensure_wrapped()
-        with dist_ckpt.shared_atomic_directory(final) as tmp:
+        tmp = dist_ckpt.shared_temporary(final)
+        try:
             if group.is_adapter:
                 state = dist_ckpt.gathered_state(adapter_state_dict(self.model, group.name))
                 if rank() == 0:
                     write_adapter(self.model, group.name, state, tmp)
             else:
                 dist_ckpt.save_full_export(self._hf_model(), tmp)
-            dist_ckpt.save_sharded(self, group, tmp, save_optimizer)
+            futures = dist_ckpt.save_sharded(self, group, tmp, save_optimizer, async_save=async_save)
             if rank() == 0:
                 save_tokenizer(tmp, group.template, self.model_path)
                 write_trainer_state(tmp, group.trainer_state(
                     consumed_train_samples, mixed_precision=self.mixed_precision,
                     has_optimizer_state=bool(save_optimizer), world_size=self.dist_plan.world_size,
                     strategy=self.dist_plan.kind))
-        return str(final)
+        except BaseException:
+            dist_ckpt.shared_commit(tmp, final, ok=False)
+            raise
+        pending = PendingSave(str(final), futures, lambda: dist_ckpt.shared_commit(tmp, final))
+        return pending if async_save else pending.wait()
 
     def _save_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:
