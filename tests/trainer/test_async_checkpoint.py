@@ -55,7 +55,7 @@ def test_training_goes_on_while_the_checkpoint_is_written_and_resume_is_exact(tm
     assert [s for s, _ in store.list_checkpoints(wd)] == [2, 4, 6] and result.checkpoint == str(wd / "step-00000006")
     for _, path in store.list_checkpoints(wd):
         store.verify(path)
-    assert (wd / "step-00000006" / "model" / "dcp_optimizer").is_dir()  # DCP's layout, on one process too
+    assert (wd / "step-00000006" / "model" / "dcp_state").is_dir()  # DCP's format, on one process too
     assert not [p for p in wd.iterdir() if p.name.startswith(".")]
 
     reference = Trainer(**tiny_job(tmp_path / "ref", total_step=6, checkpoint_interval=2))
@@ -79,7 +79,7 @@ def test_a_kill_during_the_background_write_leaves_no_final_checkpoint(tmp_path:
                             stderr=subprocess.PIPE, text=True)
     root = wd / "checkpoints"
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not any(root.glob(".step-00000001.tmp-*/.model.tmp-*/dcp_model")):
+    while time.monotonic() < deadline and not any(root.glob(".step-00000001.tmp-*/.model.tmp-*/dcp_state")):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         time.sleep(0.2)
     time.sleep(1.0)  # the model's small files are on disk; DCP's writer sleeps

@@ -39,3 +39,28 @@ def test_two_process_run_checkpoints_evaluates_exports_and_resumes(tmp_path: Pat
     assert f"auto_resume: resumed from {last}" in resumed.stderr
     (step, last), = store.list_checkpoints(work_dir / "checkpoints")
     assert step == 5 and store.verify(last)["consumed_train_samples"] == 20
+
+
+@pytest.mark.slow
+def test_fsdp_size_shards_the_model_and_async_checkpoints_complete_on_every_rank(tmp_path: Path) -> None:
+    """infra.fsdp_size=2 under two processes (local mode built only a DP mesh before), with async checkpoints."""
+    import torch
+
+    from twinkle.trainer import Trainer
+
+    job = tiny_job(tmp_path / "wd", total_step=2, checkpoint_interval=1, async_checkpoint=True,
+                   infra={"fsdp_size": 2})
+    proc = _torchrun(write_config(tmp_path / "job.yaml", job), 29863)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    root = tmp_path / "wd" / "checkpoints"
+    assert [s for s, _ in store.list_checkpoints(root)] == [1, 2]
+    state = (root / "step-00000002" / "model" / "trainer_state.json").read_text()
+    assert '"world_size": 2' in state and "fsdp" in state
+    assert (root / "step-00000002" / "model" / "dcp_state").is_dir()
+
+    reference = Trainer(**tiny_job(tmp_path / "ref", total_step=2, checkpoint_interval=1))  # one process
+    reference.fit()
+    want = load_weights(tmp_path / "ref" / "checkpoints" / "step-00000002" / "model")
+    got = load_weights(root / "step-00000002" / "model")
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, rtol=1e-5, atol=3e-5)  # reduction order only (see parity)

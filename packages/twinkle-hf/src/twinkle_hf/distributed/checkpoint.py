@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from twinkle import collective
 from twinkle.checkpoint import (
     RNG_FILE,
     SCALER_FILE,
@@ -35,6 +36,13 @@ from twinkle_hf.distributed import comm
 
 DCP_MODEL = "dcp_model"
 DCP_OPTIMIZER = "dcp_optimizer"
+#: an async save writes weights and optimizer as one DCP checkpoint (one writer thread, one final gather)
+DCP_STATE = "dcp_state"
+
+
+def is_sharded(directory: Path) -> bool:
+    """Whether ``directory`` holds DCP shards (a multi-process or an asynchronous save)."""
+    return (directory / DCP_MODEL).is_dir() or (directory / DCP_STATE).is_dir()
 
 
 @contextmanager
@@ -94,12 +102,14 @@ def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    write = dcp.async_save if async_save else dcp.save
-    pending = [write({n: p.detach() for n, p in trainable_params(owner, group).items()},
-                     checkpoint_id=str(directory / DCP_MODEL))]
+    state = {DCP_MODEL: {n: p.detach() for n, p in trainable_params(owner, group).items()}}
     if save_optimizer and group.optimizer is not None:
-        state = get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))
-        pending.append(write(state, checkpoint_id=str(directory / DCP_OPTIMIZER)))
+        state[DCP_OPTIMIZER] = get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))
+    if async_save:  # its writer thread ends with a gather: on a group of its own, never the training's
+        pending = [dcp.async_save(state, checkpoint_id=str(directory / DCP_STATE),
+                                  process_group=collective.background_group())]
+    else:
+        pending = [dcp.save(part, checkpoint_id=str(directory / name)) for name, part in state.items()]
     futures = [f for f in pending if isinstance(f, Future)]
     if not save_optimizer:
         return futures
@@ -123,22 +133,29 @@ def load_sharded(owner: Any, group: Any, directory: Path, with_training_state: b
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-    if not (directory / DCP_MODEL).is_dir():
+    if not is_sharded(directory):
         raise CheckpointError(f"{str(directory)!r} has no {DCP_MODEL}/ (sharded weights); it was not written by a "
                               "multi-process save. Load its HF weights with model_id= / add_adapter_to_model.")
+    combined = directory / DCP_STATE
+
+    def load(part: str, state: dict[str, Any]) -> None:
+        if combined.is_dir():  # an async save: one checkpoint, loaded part by part
+            dcp.load({part: state}, checkpoint_id=str(combined))
+        else:
+            dcp.load(state, checkpoint_id=str(directory / part))
+
     params = trainable_params(owner, group)
-    state = {n: p.detach() for n, p in params.items()}
-    dcp.load(state, checkpoint_id=str(directory / DCP_MODEL))
+    load(DCP_MODEL, {n: p.detach() for n, p in params.items()})
     if not with_training_state:
         return
     if group.optimizer is None:
         raise RuntimeError(f"resume_from_checkpoint restores the optimizer of group {group.name!r}, which has none: "
                            "call set_optimizer first, or pass resume_only_model=True.")
-    if not (directory / DCP_OPTIMIZER).is_dir():
+    if not ((directory / DCP_OPTIMIZER).is_dir() or (combined.is_dir() and (directory / RNG_FILE).is_file())):
         raise CheckpointError(f"{str(directory)!r} has no {DCP_OPTIMIZER}/; save with save_optimizer=True.")
     optimizers = optimizers_of(group.optimizer)
     optim_state = get_optimizer_state_dict(owner.model, optimizers)
-    dcp.load(optim_state, checkpoint_id=str(directory / DCP_OPTIMIZER))
+    load(DCP_OPTIMIZER, optim_state)
     set_optimizer_state_dict(owner.model, optimizers, optim_state)
     if group.lr_scheduler is not None:
         group.lr_scheduler.load_state_dict(safe_torch_load(directory / SCHEDULER_FILE))

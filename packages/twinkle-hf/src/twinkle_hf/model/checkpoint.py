@@ -103,9 +103,9 @@ class CheckpointMixin:
         directory = Path(checkpoint_dir).expanduser()
         require_files(directory, [], "checkpoint")
         state = read_trainer_state(directory)
-        from twinkle_hf.distributed.checkpoint import DCP_MODEL, load_sharded
+        from twinkle_hf.distributed.checkpoint import is_sharded, load_sharded
 
-        if self.dist_plan.distributed or (directory / DCP_MODEL).is_dir():  # sharded, or an async save
+        if self.dist_plan.distributed or is_sharded(directory):  # sharded, or an async save
             self._ensure_wrapped()
 
             load_sharded(self, group, directory, with_training_state=not resume_only_model)
