@@ -119,7 +119,7 @@ def test_logger_is_rank_aware(monkeypatch, capsys):
 def test_torchrun_two_processes(tmp_path):
     """Two gloo ranks: same seed stream, one torch mesh, a real all-reduce, data ranks 0 and 1."""
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          str(SCRIPT), str(tmp_path)],
         capture_output=True, text=True, timeout=180,
     )

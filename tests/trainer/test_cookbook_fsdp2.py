@@ -19,7 +19,7 @@ def test_fsdp2_cookbook_trains_sharded_saves_and_its_adapter_loads_in_peft(tmp_p
 
     from twinkle.hub import resolve_path
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29871",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(REPO / "cookbook" / "transformers" / "fsdp2.py"), "--fsdp-size", "2", "--mixed-precision", "no",
            "--train-samples", "16", "--eval-samples", "4", "--batch-size", "4", "--eval-interval", "2",
            "--log-interval", "1"]
