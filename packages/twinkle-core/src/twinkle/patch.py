@@ -60,7 +60,8 @@ class GradientCheckpointing(Patch):
 
     Activation memory drops from every layer's intermediates to one layer's (plus each layer's
     input), for about one more forward of compute; losses and gradients stay the same. A
-    transformers model uses its own ``gradient_checkpointing_enable`` (non-reentrant by default,
+    transformers model uses its own switch (``activation_checkpointing_enable``, formerly
+    ``gradient_checkpointing_enable``; non-reentrant by default,
     which works with frozen embeddings under LoRA and with FSDP2); any other module gets each
     layer of its largest ``ModuleList`` wrapped in ``torch.utils.checkpoint``.
     """
@@ -70,8 +71,9 @@ class GradientCheckpointing(Patch):
 
     def apply(self, module: Any) -> None:
         model = unwrap_model(module)
-        if hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": self.use_reentrant})
+        enable, keyword = _transformers_switch(model, "enable")
+        if enable is not None:
+            enable(**{keyword: {"use_reentrant": self.use_reentrant}})
             if self.use_reentrant and hasattr(model, "enable_input_require_grads"):
                 model.enable_input_require_grads()  # reentrant checkpoints need an input that requires grad
             return
@@ -85,15 +87,24 @@ class GradientCheckpointing(Patch):
                          for layer in layers]
 
     def revert(self, module: Any) -> None:
-        model = unwrap_model(module)
-        if hasattr(model, "gradient_checkpointing_disable"):
-            model.gradient_checkpointing_disable()
+        disable, _ = _transformers_switch(unwrap_model(module), "disable")
+        if disable is not None:
+            disable()
             return
         from twinkle.kernel.patching import restore
 
         for record in getattr(self, "_patched", []):
             restore(record)
         self._patched = []
+
+
+def _transformers_switch(model: Any, action: str) -> tuple[Any, str | None]:
+    """transformers' ``activation_checkpointing_<action>`` (5.x), else the older ``gradient_checkpointing_<action>``."""
+    for prefix in ("activation", "gradient"):
+        method = getattr(model, f"{prefix}_checkpointing_{action}", None)
+        if method is not None:
+            return method, f"{prefix}_checkpointing_kwargs"
+    return None, None
 
 
 def _checkpointed(forward: Any, use_reentrant: bool) -> Any:

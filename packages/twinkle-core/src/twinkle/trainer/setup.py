@@ -37,7 +37,7 @@ def check_names(cfg: TrainerConfig) -> None:
              ("optimizer.name", "optimizer", cfg.optimizer.name), ("lr.scheduler", "lr_scheduler", cfg.lr.scheduler),
              ("loss.name", "loss", cfg.loss.name)]
     for where, kind, name in named:
-        if name is None:
+        if name is None or name == "default":  # 'default': the model's own (MegatronModel's optimizer, scheduler)
             continue
         try:
             registry.get(kind, name)
