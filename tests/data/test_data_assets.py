@@ -57,7 +57,7 @@ def test_tiny_model_config_matches_the_tokenizer(tokenizer):
 
 def test_assets_are_small():
     total = sum(p.stat().st_size for p in ASSETS_DIR.rglob("*") if p.is_file() and p.suffix != ".pyc")
-    assert total < 1_500_000  # the fp32 weights of the ~240k-parameter model are ~0.96 MB of it
+    assert total < 2_000_000  # ~0.96 MB of it: the fp32 weights of the ~240k-parameter tiny model
 
 
 def test_tiny_model_weights_are_the_seeded_file_in_every_process():
