@@ -87,6 +87,9 @@ def test_twinkle_plugins_lists_every_component_with_its_distribution(site):
     assert rows[("platform", "npu")]["distribution"] == "twinkle-npu"
     assert rows[("model", "MegatronModel")]["distribution"] == "twinkle-megatron"
     assert rows[("model", "TransformersModel")]["distribution"] == "twinkle-hf"
+    assert rows[("patch", "ExamplePatch")]["distribution"] == "twinkle-example-plugin"  # a plugin's Patch subclass
+    assert rows[("patch", "GradientCheckpointing")]["distribution"] == "twinkle-core"
+    assert rows[("patch", "TransformersFusedCEPatch")]["distribution"] == "twinkle-hf"
     assert {r["kind"] for r in listing["components"]} >= {"model", "loss", "optimizer", "platform", "kernel"}
     assert "broken" in listing["failed_plugins"]
 

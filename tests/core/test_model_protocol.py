@@ -32,7 +32,10 @@ def test_seed_signatures():
     sig = inspect.signature
     assert list(sig(TwinkleModel.clip_grad_norm).parameters)[1:3] == ["max_grad_norm", "norm_type"]
     assert sig(TwinkleModel.clip_grad_and_step).parameters["max_grad_norm"].default == 1.0
-    assert sig(TwinkleModel.forward).parameters["inputs"].kind is inspect.Parameter.KEYWORD_ONLY
+    for name in ("forward", "forward_only", "forward_backward"):  # seed 001 calls model.forward(inputs)
+        params = list(sig(getattr(TwinkleModel, name)).parameters.values())
+        assert params[1].name == "inputs" and params[1].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
+        assert sig(getattr(TwinkleModel, name)).parameters["adapter_name"].kind is inspect.Parameter.KEYWORD_ONLY
     assert list(sig(TwinkleModel.save).parameters)[1:3] == ["name", "output_dir"]
     assert sig(TwinkleModel.resume_from_checkpoint).parameters["resume_only_model"].default is False
     assert list(sig(TwinkleModel.add_adapter_to_model).parameters)[1:3] == ["adapter_name", "config_or_dir"]

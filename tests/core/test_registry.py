@@ -157,7 +157,7 @@ def test_hook_that_raises_or_returns_junk_is_skipped_with_a_warning(make_registr
     with pytest.warns(TwinklePluginWarning, match="expected a mapping"):
         assert reg.names("precision") == []
     with pytest.warns(TwinklePluginWarning, match="'package.module:attribute'"):
-        assert reg.names("patch") == []
+        assert reg.names("patch") == ["GradientCheckpointing"]  # core's own; the junk one was skipped
 
 
 def test_load_is_cached(make_registry):

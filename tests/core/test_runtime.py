@@ -119,7 +119,7 @@ def test_logger_is_rank_aware(monkeypatch, capsys):
 def test_torchrun_two_processes(tmp_path):
     """Two gloo ranks: same seed stream, one torch mesh, a real all-reduce, data ranks 0 and 1."""
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          str(SCRIPT), str(tmp_path)],
         capture_output=True, text=True, timeout=180,
     )
@@ -134,3 +134,28 @@ def test_torchrun_two_processes(tmp_path):
     expected = torch.rand(1).item()
     assert all(r["first_random"] == expected for r in reports)
     assert "*1" in reports[1]["placement"] and "world_size=2" in reports[0]["placement"]
+
+
+def test_exit_waits_for_threads_still_running():
+    """What the process-group teardown waits for: no other thread of the process may still be running."""
+    import threading
+    import time
+
+    from twinkle.runtime import wait_for_idle_threads
+
+    stop = threading.Event()
+
+    def spin(until: float) -> None:
+        while time.monotonic() < until and not stop.is_set():
+            pass
+
+    worker = threading.Thread(target=spin, args=(time.monotonic() + 0.3,))
+    worker.start()
+    assert wait_for_idle_threads(timeout_s=10) and not worker.is_alive()
+    stuck = threading.Thread(target=spin, args=(time.monotonic() + 60,))
+    stuck.start()
+    try:
+        assert wait_for_idle_threads(timeout_s=0.3) is False
+    finally:
+        stop.set()
+        stuck.join()

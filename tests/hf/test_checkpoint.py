@@ -109,3 +109,31 @@ def test_full_model_resume_via_model_id_and_load(tmp_path) -> None:
     other = make_model(seed=4)
     other.load("last-checkpoint", output_dir=str(tmp_path))
     assert tensor_hash(other.get_state_dict()) == tensor_hash(model.get_state_dict())
+
+
+def test_checkpoint_of_the_embedded_model_is_self_contained_in_plain_transformers(tmp_path) -> None:
+    """No set_template: the tokenizer and chat template still come along (from the model's own directory),
+    and plain transformers + peft rebuild the same model from the shipped base weights."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from twinkle.hub import resolve_path
+    from twinkle.model import TransformersModel
+
+    model = TransformersModel(model_id="twinkle://tiny-qwen", mixed_precision="no")
+    model.add_adapter_to_model("sft", LoraConfig(r=4, target_modules=["q_proj", "v_proj", "lm_head"]))
+    model.set_optimizer("AdamW", lr=5e-2)
+    batch = make_batch(0, vocab=model.model.config.vocab_size)
+    for _ in range(2):
+        model.forward_backward(inputs=batch)
+        model.clip_grad_and_step()
+    path = model.save("ckpt", output_dir=str(tmp_path))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert tokenizer.chat_template == AutoTokenizer.from_pretrained(resolve_path("twinkle://tiny-qwen")).chat_template
+    plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(resolve_path("twinkle://tiny-qwen")), path)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "who are you?"}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    want = model.forward_only(inputs={"input_ids": ids, "attention_mask": torch.ones_like(ids)}).logits
+    torch.testing.assert_close(plain.eval()(input_ids=ids).logits, want, rtol=0, atol=1e-5)
+    with plain.disable_adapter():
+        assert not torch.allclose(plain(input_ids=ids).logits, want, atol=1e-3)  # the adapter matters

@@ -100,3 +100,13 @@ def test_lora_training_moves_only_its_adapter_and_lowers_the_loss(tmp_path):
     assert any(v.abs().sum() > 0 for k, v in a_state.items() if "lora_B" in k)
     with pytest.raises(ValueError, match=r"2 adapters \(a, b\); pass adapter_name="):
         model.forward_backward(inputs=batch)
+
+
+def test_a_config_without_targets_gets_pefts_defaults_on_the_fused_layer(tmp_path):
+    """peft's default for qwen2 is q_proj + v_proj; megatron's linear_qkv holds q, k and v together."""
+    model = megatron_model(save_hf(hf_model("qwen2"), tmp_path / "hf"))
+    model.add_adapter_to_model("tenant", LoraConfig(r=4, lora_alpha=8))
+    assert model.adapters["tenant"]["suffixes"] == ["self_attention.linear_qkv"]
+    path = model.save("adapter", output_dir=str(tmp_path))
+    assert PeftModel.from_pretrained(hf_model("qwen2"), path).peft_config["default"].target_modules == {
+        "q_proj", "k_proj", "v_proj"}

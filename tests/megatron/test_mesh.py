@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import transformers
-from megatron_testing import hf_model, megatron_model, save_hf
+from megatron_testing import hf_model, make_batch, megatron_model, save_hf
 
 from twinkle import DeviceMesh
 from twinkle_megatron.errors import MegatronConfigError
@@ -114,3 +114,35 @@ def test_mesh_layout_is_row_major_with_tp_fastest():
     for rank, (pp, dp, cp, tp) in enumerate(itertools.product(range(2), repeat=4)):
         coords = mesh.coords(rank)
         assert (coords["pp"], coords["dp"], coords["cp"], coords["tp"]) == (pp, dp, cp, tp)
+
+
+def test_megatron_training_arguments_go_to_the_object_they_configure(tmp_path):
+    """Seed 001: megatron's arguments in kwargs. Each lands in TransformerConfig, the DDP config, the optimizer
+    defaults or the micro-batching; a misspelt one is refused with a suggestion and the accepted names."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from twinkle_megatron.model.drivers import ddp_settings
+
+    path = save_hf(hf_model("qwen2"), tmp_path)
+    model = megatron_model(path, recompute_activations=True, hidden_dropout=0.0, overlap_grad_reduce=True,
+                           bucket_size=1 << 20, use_distributed_optimizer=True, lr=3e-3, weight_decay=0.0,
+                           micro_batch_size=2)
+    assert model.transformer_config.recompute_granularity == "selective"
+    assert model.transformer_config.hidden_dropout == 0.0
+    ddp = DistributedDataParallelConfig(**ddp_settings(model))  # what Megatron DDP is built with on a GPU
+    assert (ddp.overlap_grad_reduce, ddp.bucket_size, ddp.use_distributed_optimizer) == (True, 1 << 20, True)
+    model.set_optimizer("default", weight_decay=0.1)
+    assert model.optimizer_group["default"].optimizer.lr == pytest.approx(3e-3)  # constructor default
+    assert model.optimizer_group["default"].optimizer.optimizer.param_groups[0]["weight_decay"] == 0.1  # call wins
+
+    batch = make_batch(seed=5)  # 4 rows: micro_batch_size=2 makes it two micro-batches
+    split, whole = megatron_model(path, micro_batch_size=2), megatron_model(path)
+    rows_seen = []
+    forward = split._forward_batch
+    split._forward_batch = lambda group, micro, *a: rows_seen.append(len(micro["input_ids"])) or forward(group, micro,
+                                                                                                          *a)
+    assert split.forward_backward(inputs=batch) == pytest.approx(whole.forward_backward(inputs=batch), rel=1e-6)
+    assert rows_seen == [2, 2]
+    with pytest.raises(TypeError, match=r"unknown arguments \['overlap_grad_reduse'\]\. Did you mean "
+                                        r"overlap_grad_reduce.*DistributedDataParallelConfig fields \(.*bucket_size"):
+        megatron_model(path, overlap_grad_reduse=True)

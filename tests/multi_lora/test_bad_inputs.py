@@ -32,7 +32,6 @@ def model():
     (lambda m: m.multi_lora.acquire_lora("x", lora(4, 8, use_dora=True)), ValueError, "use_dora"),
     (lambda m: m.multi_lora.acquire_lora("x", lora(4, 8, init_lora_weights="gaussian")), ValueError,
      "init_lora_weights"),
-    (lambda m: m.multi_lora.acquire_lora("x", lora(4, 8, targets=None)), ValueError, "needs target_modules"),
     (lambda m: m.multi_lora.acquire_lora("x", {"r": 4}), ValueError, "integer rank"),
     (lambda m: m.multi_lora.release_lora("ghost"), KeyError, "No tenant named 'ghost'"),
     (lambda m: m.forward_backward(inputs=make_batch(1, length=30), adapter_name="a"), ValueError,

@@ -86,6 +86,11 @@ def register_preprocessors():
 
 
 @hookimpl
+def register_patches():
+    return {"GradientCheckpointing": "twinkle.patch:GradientCheckpointing"}
+
+
+@hookimpl
 def register_processors():
     return {"InputProcessor": "twinkle.processor.input_processor:InputProcessor"}
 

@@ -238,3 +238,27 @@ def agree(ok: bool, what: str, group: Any = None) -> None:
     failed = failed_ranks(ok, group)
     if failed and ok:
         raise RuntimeError(f"{what} failed on rank(s) {failed}; this rank stopped too (see their error).")
+
+
+# ------------------------------------------------------------ side channel
+_BACKGROUND_GROUP: Any = None
+
+
+def background_group() -> Any:
+    """A second CPU (gloo) group of every rank, for collectives made off the main thread.
+
+    torch.distributed.checkpoint's ``async_save`` ends with a gather in its writer thread; on the
+    world group it would interleave with the training's own collectives (a size mismatch inside
+    gloo). ``None`` on a single process. Made on first use: every rank must call it at the same point.
+    """
+    global _BACKGROUND_GROUP
+    dist = _dist()
+    if dist is None or dist.get_world_size() == 1:
+        return None
+    try:
+        if _BACKGROUND_GROUP is not None and dist.get_world_size(_BACKGROUND_GROUP) == dist.get_world_size():
+            return _BACKGROUND_GROUP
+    except (RuntimeError, ValueError):  # the groups were destroyed and made again since
+        pass
+    _BACKGROUND_GROUP = dist.new_group(backend="gloo")
+    return _BACKGROUND_GROUP

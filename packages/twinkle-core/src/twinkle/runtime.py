@@ -161,9 +161,8 @@ def initialize(
         if not dist.is_initialized():
             kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
             dist.init_process_group(backend=platform.dist_backend, rank=rank, world_size=world_size, **kwargs)
-            # gloo aborts ("terminate called without an active exception") in about 2 of 5 exits that
-            # skip destroy_process_group; a script should not have to remember it.
-            atexit.register(_destroy_process_group)
+            # A script should not have to remember destroy_process_group; see _close_process_groups.
+            atexit.register(_close_process_groups)
     if seed is not None:
         seed_everything(seed)
 
@@ -197,7 +196,7 @@ def shutdown() -> None:
     if _runtime.cluster is not None:
         _runtime.cluster.shutdown()
     elif _runtime.initialized and _runtime.world_size > 1:
-        _destroy_process_group()
+        _close_process_groups()
     _runtime = Runtime()
 
 
@@ -209,8 +208,59 @@ def _stop_cluster() -> None:
         _runtime = Runtime()
 
 
-def _destroy_process_group() -> None:
+def _close_process_groups() -> None:
+    """Destroy the process groups, then let the collective backend's threads go idle while Python is alive.
+
+    Why both: gloo runs each collective on a worker thread, and that thread drops its reference to
+    the collective's tensors only after the caller has already been told the collective finished.
+    Dropping a tensor that Python also knows needs the GIL. If the interpreter starts finalizing
+    first, that thread is killed inside a C++ destructor: "terminate called without an active
+    exception" and SIGABRT at exit, more often the busier the machine. destroy_process_group alone
+    does not stop those threads: a torch DeviceMesh, DDP or FSDP module still holding the group
+    keeps it (and its threads) alive until the final garbage collection.
+    """
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        wait_for_idle_threads()
+
+
+def wait_for_idle_threads(timeout_s: float = 5.0, pause_s: float = 0.01) -> bool:
+    """Sleep (the GIL released) until no other thread of this process is runnable, twice in a row.
+
+    Reads thread states from ``/proc/self/task`` (Linux); elsewhere it only sleeps ``pause_s`` a few
+    times. Returns False if some thread was still busy after ``timeout_s``.
+    """
+    import threading
+    import time
+    from pathlib import Path
+
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        time.sleep(3 * pause_s)
+        return True
+    me = str(threading.get_native_id())
+    deadline = time.monotonic() + timeout_s
+    quiet = 0
+    while quiet < 2:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause_s)
+        quiet = quiet + 1 if not _busy_threads(tasks, me) else 0
+    return True
+
+
+def _busy_threads(tasks: Any, me: str) -> list[str]:
+    """Thread ids other than ``me`` that are running, runnable or in uninterruptible I/O."""
+    busy = []
+    for task in tasks.iterdir():
+        if task.name == me:
+            continue
+        try:
+            state = (task / "stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        if state in ("R", "D"):
+            busy.append(task.name)
+    return busy

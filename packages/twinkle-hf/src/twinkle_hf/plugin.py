@@ -19,6 +19,11 @@ def register_kernels():
 
 
 @hookimpl
+def register_patches():
+    return {"TransformersFusedCEPatch": "twinkle_hf.patches:TransformersFusedCEPatch"}
+
+
+@hookimpl
 def register_losses():
     return {"LigerFusedLinearCrossEntropyLoss": "twinkle_hf.kernels.fused_ce_loss:LigerFusedLinearCrossEntropyLoss"}
 

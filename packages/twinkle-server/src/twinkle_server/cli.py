@@ -19,21 +19,22 @@ OWNER, appends its SHA-256 to FILE and prints the key once.
 
 
 def main(argv: Sequence[str]) -> int:
-    from twinkle.cli.train_cmd import options_help, parse_overrides
+    from twinkle.cli.train_cmd import parse_overrides
+    from twinkle.cli.train_help import options_help
     from twinkle.trainer._validate import ConfigError, build
     from twinkle.trainer.config import apply_overrides, load_config_file
     from twinkle_server.config import ServerConfig
 
     argv = list(argv)
     if {"-h", "--help"} & set(argv):
-        print(USAGE + "\n" + options_help(ServerConfig))
+        print(USAGE + "\n" + options_help(config_cls=ServerConfig))
         return 0
     try:
         if argv[:1] == ["keygen"]:
             return _keygen(argv[1:])
         head = 1 if argv and not argv[0].startswith("--") else 0
         data = load_config_file(argv[0]) if head else {}
-        config = build(ServerConfig, apply_overrides(data, parse_overrides(argv[head:])))
+        config = build(ServerConfig, apply_overrides(data, parse_overrides(argv[head:], ServerConfig)))
         from twinkle_server.server import serve
 
         return serve(config)

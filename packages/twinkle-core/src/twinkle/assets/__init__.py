@@ -5,11 +5,13 @@
   (scripts/make_self_cognition.py).
 - ``tiny-qwen`` (alias ``tokenizer``): a directory with a byte-level BPE tokenizer
   (tokenizer.json, tokenizer_config.json with a ChatML chat template) and the config.json of a
-  tiny Qwen2 causal LM sized to it (scripts/make_tokenizer.py). No weights: build the model with
-  ``from_config``.
+  tiny Qwen2 causal LM sized to it (scripts/make_tokenizer.py), with seeded float32 weights
+  (model.safetensors, scripts/make_tiny_weights.py): every process loads the same model, and
+  plain ``AutoModelForCausalLM.from_pretrained`` loads it too (the base of the main job's LoRA).
 - ``tiny-qwen2.5-vl``, ``tiny-qwen3-vl``: tiny vision-language model directories (config.json of a
   Qwen2.5-VL / Qwen3-VL with a 2-block vision tower, the tokenizer above plus the vision tokens, a
   processor with a small image processor and the Qwen-VL chat template; scripts/make_tiny_vl.py).
+  No weights: build the model with ``from_config``.
 
 Address them as ``twinkle://NAME`` anywhere a path or hub id is accepted (see :mod:`twinkle.hub`).
 """

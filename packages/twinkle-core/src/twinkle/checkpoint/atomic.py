@@ -1,7 +1,9 @@
 """Write a directory completely or not at all: temp name, then rename into place.
 
 :func:`atomic_directory` is the single-process protocol; :func:`shared_atomic_directory` extends it
-to every rank of a torchrun job (one temporary directory, one rename, one decision).
+to every rank of a torchrun job (one temporary directory, one rename, one decision). Each is split
+in two for writes that finish later (an asynchronous checkpoint): :func:`make_temporary` /
+:func:`commit`, and :func:`shared_temporary` / :func:`shared_commit`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from twinkle.checkpoint.errors import CheckpointError
 
@@ -25,25 +26,36 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     rename. An existing ``final`` is moved aside first and removed only after the new one is in
     place; if anything raises, the temporary directory is deleted and ``final`` is untouched.
     """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp = final.parent / f".{final.name}.tmp-{token}"
-    tmp.mkdir()
+    tmp = make_temporary(final)
     try:
         yield tmp
-        _fsync_dir(tmp)
-        old = None
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{token}"
-            os.replace(final, old)
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        commit(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def make_temporary(final: str | os.PathLike[str]) -> Path:
+    """A new empty ``.NAME.tmp-<token>`` directory beside ``final`` (:func:`commit` renames it into place)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    """Rename the complete ``tmp`` to ``final``, replacing an existing ``final`` only once ``tmp`` is in place."""
+    tmp, final = Path(tmp), Path(final)
+    _fsync_dir(tmp)
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{tmp.name.rpartition('.tmp-')[2]}"
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager
@@ -59,21 +71,25 @@ def shared_atomic_directory(final: str | os.PathLike[str],
     process this is :func:`atomic_directory` followed by ``finish``. Multi-node runs need the
     output directory on a shared filesystem.
     """
+    tmp = shared_temporary(final)
+    ok = False
+    try:
+        yield tmp
+        ok = True
+    finally:
+        shared_commit(tmp, final, ok, finish)
+
+
+def shared_temporary(final: str | os.PathLike[str]) -> Path:
+    """The temporary directory for ``final``, made by rank 0 and known to every rank (every rank calls this)."""
     from twinkle import collective
 
     if not collective.active():
-        with atomic_directory(final) as tmp:
-            yield tmp
-            if finish is not None:
-                finish(tmp)
-        return
-    final = Path(final)
-    lead = collective.rank() == 0
-    manager = atomic_directory(final) if lead else None
+        return make_temporary(final)
     name, lead_error = None, None
-    if lead:
+    if collective.rank() == 0:
         try:
-            name = str(manager.__enter__())
+            name = str(make_temporary(final))
         except Exception as exc:  # every rank must hear about it, not wait for a path
             lead_error = exc
     name = collective.broadcast_object(name)
@@ -82,16 +98,32 @@ def shared_atomic_directory(final: str | os.PathLike[str],
             raise lead_error
         raise CheckpointError(f"Rank 0 could not create the temporary directory for {str(final)!r}; nothing was "
                               "written (see rank 0's error).")
-    ok = False
-    try:
-        yield Path(name)
-        ok = True
-    finally:
-        failed = collective.failed_ranks(ok)
-        if lead:
-            lead_error = _complete(manager, Path(name), failed, finish)
-        outcome = collective.broadcast_object(None if lead_error is None else f"{type(lead_error).__name__}: "
-                                                                            f"{lead_error}")
+    return Path(name)
+
+
+def shared_commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str], ok: bool = True,
+                  finish: Callable[[Path], None] | None = None) -> None:
+    """Every rank says whether its part of ``tmp`` succeeded (``ok``); rank 0 then runs ``finish(tmp)`` and
+    renames ``tmp`` to ``final``, or deletes ``tmp`` if any rank failed; all ranks return together.
+
+    A rank whose ``ok`` is False returns quietly (its own error is the one to raise); the others raise
+    :class:`CheckpointError` naming the failed ranks, or rank 0's error from ``finish`` or the rename.
+    """
+    from twinkle import collective
+
+    tmp, final = Path(tmp), Path(final)
+    if not collective.active():
+        if ok:
+            _complete(tmp, final, [], finish, raise_error=True)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    failed = collective.failed_ranks(ok)
+    lead_error = _complete(tmp, final, failed, finish) if collective.rank() == 0 else None
+    outcome = collective.broadcast_object(None if lead_error is None else f"{type(lead_error).__name__}: "
+                                                                        f"{lead_error}")
+    if not ok:
+        return
     if failed:
         raise CheckpointError(f"Saving {str(final)!r} failed on rank(s) {failed}; nothing was written and this rank "
                               "stopped too (see their error).")
@@ -101,19 +133,20 @@ def shared_atomic_directory(final: str | os.PathLike[str],
         raise CheckpointError(f"Rank 0 could not complete {str(final)!r} ({outcome}); nothing was written.")
 
 
-def _complete(manager: Any, tmp: Path, failed: list[int],
-              finish: Callable[[Path], None] | None) -> BaseException | None:
-    """Rank 0: finish and rename when no rank failed, otherwise remove ``tmp``; returns what went wrong."""
+def _complete(tmp: Path, final: Path, failed: list[int], finish: Callable[[Path], None] | None,
+              raise_error: bool = False) -> BaseException | None:
+    """Finish and rename when no rank failed, otherwise remove ``tmp``; returns (or raises) what went wrong."""
     if failed:
-        error = CheckpointError(f"rank(s) {failed} failed")
-        manager.__exit__(CheckpointError, error, None)  # removes the temporary directory
+        shutil.rmtree(tmp, ignore_errors=True)
         return None
     try:
         if finish is not None:
             finish(tmp)
-        manager.__exit__(None, None, None)  # renames it into place
-    except Exception as exc:
-        manager.__exit__(type(exc), exc, exc.__traceback__)
+        commit(tmp, final)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if raise_error:
+            raise
         return exc
     return None
 

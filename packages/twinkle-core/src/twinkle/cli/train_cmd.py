@@ -7,9 +7,9 @@ self-cognition data, LoRA, CPU, well under a minute). Ctrl-C stops after a compl
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import sys
-import typing
+from collections.abc import Iterator
 from typing import Any
 
 #: The embedded default job: what ``twinkle train`` with no config runs.
@@ -25,15 +25,23 @@ DEFAULT_JOB: dict[str, Any] = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from twinkle.cli.train_help import options_help
+
     parser = sub.add_parser(
         "train", help="train with the Trainer from a YAML/TOML config (no config: the embedded tiny default)",
-        description=__doc__, epilog=options_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=(__doc__ or "").replace("``", ""), epilog=options_help(DEFAULT_JOB),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", help=".yaml/.yml/.toml trainer config (default: the embedded job)")
     parser.set_defaults(func=run, accepts_overrides=True)
 
 
-def parse_overrides(tokens: list[str]) -> dict[str, Any]:
-    """``--a.b value``, ``--a.b=value``, ``--flag`` (true) and ``--no-flag`` (false) as dotted keys."""
+def parse_overrides(tokens: list[str], config_cls: type | None = None) -> dict[str, Any]:
+    """``--a.b value``, ``--a.b=value``, ``--flag`` (true) and ``--no-flag`` (false) as dotted keys.
+
+    A name without a group is a top-level field, or the field of that name in the one group that
+    has it (``--max-length`` is ``dataset.max_length``, ``--lr 1e-4`` is ``optimizer.lr``), among the
+    fields of ``config_cls`` (default: TrainerConfig).
+    """
     from twinkle.trainer import ConfigError
 
     overrides: dict[str, Any] = {}
@@ -52,45 +60,80 @@ def parse_overrides(tokens: list[str]) -> dict[str, Any]:
                 key, value = head + tail, "false"
             else:
                 value = "true"
-        overrides[key] = value
+        overrides[_full_name(key, value, config_cls)] = value
         i += 1
     return overrides
 
 
-def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    from twinkle.trainer import ConfigError, TrainerConfig
-    from twinkle.trainer.config import apply_overrides, load_config_file
+def _full_name(key: str, value: str, config_cls: type | None = None) -> str:
+    """The dotted field a command-line name means (see :func:`parse_overrides`)."""
+    from twinkle.cli.train_help import fields
+    from twinkle.trainer import ConfigError
 
+    if "." in key:
+        return key
+    names = [name for name, _ in fields(config_cls)]
+    groups = {name.split(".")[0] for name in names if "." in name}
+    if key in names or (key in groups and value.strip().startswith("{")):
+        return key
+    owners = [name for name in names if name.endswith(f".{key}")]
+    if len(owners) == 1:
+        return owners[0]
+    if len(owners) > 1:
+        raise ConfigError(f"--{key.replace('_', '-')} is ambiguous: write one of "
+                          f"{', '.join('--' + o.replace('_', '-') for o in owners)}.")
+    return key  # unknown: the config check names it with a suggestion
+
+
+def merge(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``overrides`` applied; a later total_step or total_epoch replaces the other one."""
+    from twinkle.trainer.config import apply_overrides
+
+    merged = apply_overrides(data, overrides)
+    for given, other in (("total_step", "total_epoch"), ("total_epoch", "total_step")):
+        if given in overrides and other not in overrides and str(overrides[given]).lower() not in ("none", "null"):
+            merged.pop(other, None)
+    return merged
+
+
+def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
+    """Parse, check, train; an error is one ``twinkle train: error:`` block (``--debug``: the traceback)."""
+    from twinkle.trainer import ConfigError, TrainerConfig
+    from twinkle.trainer.config import load_config_file
+
+    tokens = list(extra or [])
+    debug = "--debug" in tokens
+    tokens = [t for t in tokens if t != "--debug"]
     try:
-        overrides = parse_overrides(list(extra or []))
+        overrides = parse_overrides(tokens)
         data = load_config_file(args.config) if args.config else dict(DEFAULT_JOB)
-        config = TrainerConfig.from_dict(apply_overrides(data, overrides))
-    except ConfigError as exc:
-        print(f"twinkle train: error: {exc}", file=sys.stderr)
-        return 2
-    return _train(config)
+        config = TrainerConfig.from_dict(merge(data, overrides))
+        return _train(config)
+    except KeyboardInterrupt:
+        print("twinkle train: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        from twinkle.errors import TwinkleError
+
+        what = str(exc) if isinstance(exc, TwinkleError) else f"{type(exc).__name__}: {exc}"
+        print(f"twinkle train: error: {what}\n(run with --debug for the traceback)", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
 
 
 def _train(config: Any) -> int:
     import warnings
 
-    from twinkle.trainer import ConfigError, Trainer
+    from twinkle.trainer import Trainer
 
     # The tiny default ties lm_head to the embeddings; these notes are expected there, not actionable.
     warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
     warnings.filterwarnings("ignore", message=".*save_embedding_layers.*")
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-    try:
-        trainer = Trainer(config)
-    except ConfigError as exc:
-        print(f"twinkle train: error: {exc}", file=sys.stderr)
-        return 2
-    bar = _progress(trainer, config.progress_bar)
-    try:
+    trainer = Trainer(config)
+    with _progress(trainer, config.progress_bar):
         result = trainer.fit()
-    finally:
-        if bar is not None:
-            bar.close()
     if trainer.is_main:
         loss = "n/a" if result.final_loss is None else f"{result.final_loss:.4f}"
         state = "interrupted" if result.interrupted else "finished"
@@ -101,9 +144,16 @@ def _train(config: Any) -> int:
     return 130 if result.interrupted else 0
 
 
-def _progress(trainer: Any, enabled: bool) -> Any:
+@contextlib.contextmanager
+def _progress(trainer: Any, enabled: bool) -> Iterator[None]:
+    """A training bar; meanwhile log lines print above it and other libraries' bars stay quiet.
+
+    Without this, a log record or transformers' "Writing model shards" bar (a checkpoint or HF
+    export being written) lands in the middle of the training bar's line.
+    """
     if not enabled:
-        return None
+        yield
+        return
     from tqdm import tqdm
 
     state: dict[str, Any] = {}
@@ -117,31 +167,59 @@ def _progress(trainer: Any, enabled: bool) -> Any:
                         tok_s=f"{record.get('tokens_per_second', 0.0):.0f}")
 
     trainer.on_step = on_step
-
-    class _Closer:
-        def close(self) -> None:
+    with _logs_above_the_bar(), _quiet_library_bars():
+        try:
+            yield
+        finally:
             if "bar" in state:
                 state["bar"].close()
 
-    return _Closer()
+
+@contextlib.contextmanager
+def _logs_above_the_bar() -> Iterator[None]:
+    """twinkle's console log records go through ``tqdm.write`` (same format, filters and level)."""
+    import logging
+
+    from tqdm import tqdm
+
+    from twinkle.log import get_logger
+
+    logger = get_logger()
+    consoles = [h for h in logger.handlers if type(h).__name__ == "_StderrHandler"]
+
+    class _AboveBar(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            tqdm.write(self.format(record), file=sys.stderr)
+
+    swapped = []
+    for console in consoles:
+        above = _AboveBar(console.level)
+        above.setFormatter(console.formatter)
+        for log_filter in console.filters:
+            above.addFilter(log_filter)
+        logger.removeHandler(console)
+        logger.addHandler(above)
+        swapped.append((console, above))
+    try:
+        yield
+    finally:
+        for console, above in swapped:
+            logger.removeHandler(above)
+            logger.addHandler(console)
 
 
-def options_help(config_cls: type | None = None) -> str:
-    """Every field of a dataclass config (default: TrainerConfig) as ``--group.field  (default: ...)`` lines."""
-    from twinkle.trainer import TrainerConfig
-
-    config_cls = config_cls or TrainerConfig
-    lines = ["options (--field value, --group.field value; --flag / --no-flag for booleans):"]
-
-    def walk(cls: type, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            tp = hints[f.name]
-            if dataclasses.is_dataclass(tp):
-                walk(tp, f"{prefix}{f.name}.")
-                continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            lines.append(f"  --{prefix}{f.name.replace('_', '-')}  (default: {default!r})")
-
-    walk(config_cls, "")
-    return "\n".join(lines)
+@contextlib.contextmanager
+def _quiet_library_bars() -> Iterator[None]:
+    """transformers' own bars (loading weights, writing shards) off while the training bar is shown."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # a backend without transformers
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()

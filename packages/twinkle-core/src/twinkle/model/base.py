@@ -9,6 +9,9 @@ are :class:`twinkle.model.optimizer_group.OptimizerGroup` objects in ``model.opt
 Anything that implements this class works with twinkle's DataLoader, Trainer and runtime,
 whatever it wraps (HF Transformers, Megatron-Core, or a third party's engine).
 
+``inputs`` (a batch: a dict of tensors, or a list of encoded rows) may be passed positionally or
+as ``inputs=``: ``model.forward(batch)`` and ``model.forward(inputs=batch)`` are the same call.
+
 Gradient accumulation contract: with ``gradient_accumulation_steps=N``, ``clip_grad_norm``,
 ``step``, ``zero_grad`` and ``lr_step`` act only on every N-th call and are no-ops in between, and
 the applied gradient equals that of the N micro-batches taken as one token-weighted batch.
@@ -26,14 +29,14 @@ class TwinkleModel(ABC):
 
     # ------------------------------------------------------------- computing
     @abstractmethod
-    def forward(self, *, inputs: Mapping[str, Any], adapter_name: str | None = None, **kwargs: Any) -> Any:
+    def forward(self, inputs: Mapping[str, Any], *, adapter_name: str | None = None, **kwargs: Any) -> Any:
         """Run a training-mode forward on ``inputs`` and return the model outputs (logits...).
 
         Outputs are kept for :meth:`calculate_loss` and counted by training metrics.
         """
 
     @abstractmethod
-    def forward_only(self, *, inputs: Mapping[str, Any], adapter_name: str | None = None, **kwargs: Any) -> Any:
+    def forward_only(self, inputs: Mapping[str, Any], *, adapter_name: str | None = None, **kwargs: Any) -> Any:
         """Run an inference-mode forward (no grad, eval mode) and return the outputs.
 
         Outputs are kept for :meth:`calculate_loss` and counted by evaluation metrics.
@@ -48,7 +51,7 @@ class TwinkleModel(ABC):
         """Back-propagate the last calculated loss, accumulating gradients (scaled for accumulation)."""
 
     @abstractmethod
-    def forward_backward(self, *, inputs: Mapping[str, Any], adapter_name: str | None = None, **kwargs: Any) -> Any:
+    def forward_backward(self, inputs: Mapping[str, Any], *, adapter_name: str | None = None, **kwargs: Any) -> Any:
         """forward + calculate_loss + backward in one call; returns the loss value.
 
         ``task=`` may select a forward flavour (e.g. ``'causal_lm'``, ``'embedding'``).

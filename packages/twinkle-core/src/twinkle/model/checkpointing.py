@@ -4,7 +4,8 @@ Argument checks, the checkpoint path (never replacing a directory that is not a 
 unless ``overwrite=True``), the refusal to save NaN/inf trainable weights, the warning about a save
 inside an accumulation window, the trainer-state read and the progress returned by a resume live
 here; a backend supplies how its files are written and read: ``_write_checkpoint``,
-``_load_checkpoint`` (default ``_load_weights``), ``_resume_weights`` (which checks every file before
+``_write_checkpoint_async`` (optional: ``save(async_save=True)``), ``_load_checkpoint`` (default
+``_load_weights``), ``_resume_weights`` (which checks every file before
 changing anything), ``_state_dict`` and ``_trainable_tensors``.
 """
 
@@ -15,7 +16,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from twinkle.checkpoint import check_finite, checkpoint_path, read_trainer_state, require_files, save_target
+from twinkle.checkpoint import (
+    PendingSave,
+    check_finite,
+    checkpoint_path,
+    read_trainer_state,
+    require_files,
+    save_target,
+    save_tokenizer,
+)
 from twinkle.log import get_logger
 from twinkle.model.optimizer_group import OptimizerGroup
 
@@ -29,6 +38,9 @@ def _no_kwargs(method: str, kwargs: dict[str, Any]) -> None:
 
 class CheckpointMixin(ABC):
     """Checkpoint half of the TwinkleModel API (see ``twinkle.model.base``)."""
+
+    #: whether ``save(async_save=True)`` works (the backend implements ``_write_checkpoint_async``)
+    supports_async_save: bool = False
 
     # ----------------------------------------------------------- backend hooks
     @abstractmethod
@@ -52,20 +64,31 @@ class CheckpointMixin(ABC):
     def _trainable_tensors(self, group: OptimizerGroup) -> Iterable[tuple[str, Any]]:
         """``(name, tensor)`` of what the group trains, as held on this rank (shards are fine)."""
 
+    def _write_checkpoint_async(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
+                                consumed_train_samples: int) -> PendingSave:
+        """Start writing ``final`` in the background; the returned save completes it (``wait()``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement _write_checkpoint_async.")
+
     def _load_checkpoint(self, group: OptimizerGroup, directory: Path) -> None:
         self._load_weights(group, directory)
 
     # -------------------------------------------------------------- public API
     def save(self, name: str, output_dir: str | None = None, *, adapter_name: str | None = None,
              save_optimizer: bool = False, consumed_train_samples: int = 0, overwrite: bool = False,
-             allow_non_finite: bool = False, **kwargs: Any) -> str:
+             allow_non_finite: bool = False, async_save: bool = False, **kwargs: Any) -> str | PendingSave:
         """Write ``output_dir/name`` (``output_dir`` defaults to ``./output``) and return its path.
 
         An existing directory of that name is replaced only if it is a twinkle checkpoint (or
         ``overwrite=True``); NaN/inf trainable weights are refused, on every rank together, unless
-        ``allow_non_finite=True``.
+        ``allow_non_finite=True``. ``async_save=True`` (where the backend supports it) returns a
+        :class:`twinkle.checkpoint.PendingSave` at once: the weights and optimizer state are copied
+        to host memory and written in the background while training goes on; ``pending.wait()``
+        (every rank) puts the directory under its final name, until then it has a temporary one.
         """
         _no_kwargs("save", kwargs)
+        if async_save and not self.supports_async_save:
+            raise NotImplementedError(f"{type(self).__name__} cannot save in the background; pass "
+                                      "async_save=False (Trainer: async_checkpoint=false).")
         group = self._group(adapter_name)
         final = save_target(name, output_dir, overwrite)
         if not allow_non_finite:
@@ -74,6 +97,8 @@ class CheckpointMixin(ABC):
             logger.warning("Saving group %r in the middle of gradient accumulation (%d of %d micro-batches): the "
                            "pending gradients are not saved.", group.name, group.micro_step,
                            group.gradient_accumulation_steps)
+        if async_save:
+            return self._write_checkpoint_async(group, final, save_optimizer, consumed_train_samples)
         self._write_checkpoint(group, final, save_optimizer, consumed_train_samples)
         return str(final)
 
@@ -107,13 +132,6 @@ class CheckpointMixin(ABC):
     # ---------------------------------------------------------------- helpers
     def _save_preprocessing(self, group: OptimizerGroup, directory: Path) -> bool:
         """What encodes like the group's template beside the weights (its tokenizer; a VL template: its
-        processor). False when the group has no template that can save one."""
-        template = group.template
-        if template is not None and hasattr(template, "save_pretrained"):
-            template.save_pretrained(directory)
-            return True
-        tokenizer = getattr(template, "tokenizer", None)
-        if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(str(directory))
-            return True
-        return False
+        processor), else the tokenizer/processor files of the directory the model came from. False when
+        there is neither."""
+        return save_tokenizer(directory, group.template, getattr(self, "model_path", None))

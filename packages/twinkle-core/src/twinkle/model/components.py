@@ -13,6 +13,7 @@ from typing import Any
 
 from twinkle.metric import Metric
 from twinkle.model.optimizer_group import OptimizerGroup
+from twinkle.patch import Patch
 from twinkle.registry import resolve
 
 
@@ -86,11 +87,17 @@ class ComponentsMixin:
         group.processor = processor
 
     def apply_patch(self, patch_cls: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        """Apply a patch to the wrapped model: ``patch.apply(model)`` or ``patch(model)``."""
+        """Apply a patch (``twinkle.patch.Patch``, its name or class) to the wrapped model.
+
+        Objects that are not ``Patch`` subclasses work too: ``patch.apply(module)`` or ``patch(module)``.
+        """
         self._group(adapter_name)
         patch = build_component("patch", patch_cls, kwargs)
         apply = getattr(patch, "apply", None)
-        if callable(apply):
+        if isinstance(patch, Patch):
+            patch.apply(self._patch_target())
+            patch.on_model(self)
+        elif callable(apply):
             apply(self._patch_target())
         elif callable(patch):
             patch(self._patch_target())

@@ -59,6 +59,8 @@ class SlotBackend(Protocol):
 
     def reset_slot(self, tenant: LoraTenant) -> None: ...
 
+    # optional: ``complete_tenant_config(config) -> config`` fills defaults (peft's target_modules) first
+
 
 class MultiLora:
     """Slot manager: ``acquire_lora`` / ``release_lora`` / ``adapter()`` / lookups by tenant."""
@@ -96,6 +98,9 @@ class MultiLora:
             if r > self.max_r:
                 raise RuntimeError(f"Tenant {tenant!r} asks for r={r} but the slots have max_r={self.max_r}; "
                                    f"use r <= {self.max_r} or build the model with a larger max_r.")
+            complete = getattr(self.backend, "complete_tenant_config", None)
+            if complete is not None:
+                config = complete(config)
             targets = self.backend.check_tenant_config(config)
             outside = sorted(set(targets) - set(self.backend.slot_targets()))
             if outside:

@@ -9,31 +9,64 @@ from __future__ import annotations
 
 from typing import Any
 
+from twinkle.trainer._validate import ConfigError
 from twinkle.trainer.config import TrainerConfig
 
 #: The device group the Trainer's model actors form in ray mode.
 RAY_GROUP = "trainer"
 
 
-def initialize(cfg: TrainerConfig) -> Any:
-    """``twinkle.initialize`` for ``cfg.infra``; ray mode declares one group of ``dp_size`` ranks."""
-    import twinkle
+def device_mesh(cfg: TrainerConfig) -> Any:
+    """The job's mesh from ``cfg.infra``; ConfigError when the sizes do not fit the processes (checked early).
+
+    Under torchrun (local) the world is the launched processes and data parallelism takes what the
+    other sizes leave; in ray mode the world is ``dp_size`` times the other sizes.
+    """
+    import os
+
+    from twinkle.mesh import DeviceMesh
 
     infra = cfg.infra
+    local = infra.mode != "ray"
+    try:
+        return DeviceMesh.from_sizes(
+            dp_size=None if local else infra.dp_size, fsdp_size=infra.fsdp_size, tp_size=infra.tp_size,
+            pp_size=infra.pp_size, cp_size=infra.cp_size, ep_size=infra.ep_size,
+            sequence_parallel=infra.sequence_parallel,
+            world_size=int(os.environ.get("WORLD_SIZE", "1") or 1) if local else None)
+    except ValueError as exc:
+        raise ConfigError(f"infra: {exc}") from None
+
+
+def initialize(cfg: TrainerConfig) -> Any:
+    """``twinkle.initialize`` with the job's mesh; ray mode declares one group of all its ranks."""
+    import twinkle
+
+    infra, mesh = cfg.infra, device_mesh(cfg)
     if infra.mode != "ray":
-        return twinkle.initialize(mode="local", seed=cfg.seed)
-    from twinkle import DeviceGroup, DeviceMesh
+        return twinkle.initialize(mode="local", global_device_mesh=mesh, seed=cfg.seed)
+    from twinkle import DeviceGroup
 
     return twinkle.initialize(
-        mode="ray", global_device_mesh=DeviceMesh.from_sizes(dp_size=infra.dp_size),
-        groups=[DeviceGroup(RAY_GROUP, infra.dp_size, device_type=infra.device_type)], seed=cfg.seed,
+        mode="ray", global_device_mesh=mesh,
+        groups=[DeviceGroup(RAY_GROUP, mesh.world_size, device_type=infra.device_type)], seed=cfg.seed,
         num_cpus=infra.num_cpus, ray_address=infra.ray_address, timeout_s=infra.timeout_s,
     )
 
 
-def model_kwargs(cfg: TrainerConfig) -> dict[str, Any]:
-    """Extra constructor arguments: ``remote_group`` in ray mode."""
-    return {"remote_group": RAY_GROUP} if cfg.infra.mode == "ray" else {}
+def model_kwargs(cfg: TrainerConfig, model_cls: Any) -> dict[str, Any]:
+    """Extra constructor arguments: ``remote_group`` in ray mode, and the options the model class takes."""
+    import inspect
+
+    kwargs: dict[str, Any] = {"remote_group": RAY_GROUP} if cfg.infra.mode == "ray" else {}
+    accepted = inspect.signature(model_cls.__init__).parameters
+    if cfg.model.strategy is not None:
+        if "strategy" not in accepted:
+            raise ConfigError(f"model.strategy: {cfg.model.type} takes no strategy; leave it unset.")
+        kwargs["strategy"] = cfg.model.strategy
+    if "strict_load" in accepted:
+        kwargs["strict_load"] = cfg.strict_load
+    return kwargs
 
 
 def progress(cfg: TrainerConfig, model: Any, adapter: str | None) -> GroupProgress | CountedProgress:

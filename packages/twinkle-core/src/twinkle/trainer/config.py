@@ -39,6 +39,8 @@ class ModelConfig:
     type: str = "TransformersModel"
     model_id: str = TINY_MODEL
     mixed_precision: str = "no"
+    strategy: str | None = None  # the backend's wrapping strategy (TransformersModel: accelerate | native_fsdp)
+    gradient_checkpointing: bool = False  # recompute activations in backward (the GradientCheckpointing patch)
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -154,19 +156,35 @@ class LossConfig:
 class InfraConfig:
     """Where the model runs: ``local`` (this process, or each torchrun process) or ``ray`` actors.
 
-    With ``ray`` this process drives ``dp_size`` model actors (data-parallel ranks on
-    ``device_type`` devices) in a Ray cluster it starts (``num_cpus``) or joins (``ray_address``).
+    The parallel sizes build the device mesh (``DeviceMesh.from_sizes``): under torchrun the
+    data-parallel size is what the launched processes leave after fsdp * tp * pp * cp. With ``ray``
+    this process drives ``dp_size`` times that many model actors on ``device_type`` devices in a
+    Ray cluster it starts (``num_cpus``) or joins (``ray_address``).
     """
 
     mode: Literal["local", "ray"] = "local"
     dp_size: int = 1
+    fsdp_size: int = 1
+    tp_size: int = 1
+    pp_size: int = 1
+    cp_size: int = 1
+    sp_size: int | None = None  # xtuner's name for sequence (context) parallelism: the same as cp_size
+    ep_size: int = 1
+    sequence_parallel: bool = False
     device_type: Literal["cpu", "gpu", "npu"] = "cpu"
     num_cpus: int | None = None
     ray_address: str | None = None
     timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        _positive("dp_size", self.dp_size, allow_none=False)
+        for name in ("dp_size", "fsdp_size", "tp_size", "pp_size", "cp_size", "ep_size"):
+            _positive(name, getattr(self, name), allow_none=False)
+        if self.sp_size is not None:
+            _positive("sp_size", self.sp_size, allow_none=False)
+            if self.cp_size not in (1, self.sp_size):
+                raise ConfigError(f"sp_size / cp_size: two sizes for one dimension ({self.sp_size} vs {self.cp_size}); "
+                                  "set one of them.")
+            self.cp_size, self.sp_size = self.sp_size, None
         _positive("num_cpus", self.num_cpus)
         _positive("timeout_s", self.timeout_s)
         if self.mode == "local" and (self.dp_size != 1 or self.num_cpus or self.ray_address):
@@ -205,6 +223,12 @@ class TrainerConfig:
     seed: int = 42
     infra_mode: Literal["local", "ray"] | None = None  # older spelling of infra.mode
     progress_bar: bool = True
+    tokenizer_path: str | None = None  # the tokenizer to encode with (default: the model's own)
+    log_dir: str | None = None  # metrics and train.log (default: work_dir/logs, tensorboard: work_dir/tensorboard)
+    strict_load: bool = True  # weights that do not fit the model (missing/unexpected tensors) are an error
+    do_clip: bool = True  # clip gradients to optimizer.max_grad_norm (False: the norm is still reported)
+    async_checkpoint: bool = False  # checkpoints written in the background while training goes on
+    snapshot_interval: int | None = None  # a latest-only resumable snapshot every N steps
 
     def __post_init__(self) -> None:
         if (self.total_step is None) == (self.total_epoch is None):
@@ -217,7 +241,9 @@ class TrainerConfig:
         if self.global_batch_size % gas:
             raise ConfigError(f"global_batch_size: {self.global_batch_size} is not divisible by "
                               f"dataloader.gradient_accumulation_steps={gas}.")
-        for name in ("checkpoint_interval", "hf_interval", "eval_interval"):
+        if self.seed < 0:
+            raise ConfigError(f"seed: must be an integer >= 0, got {self.seed!r}.")
+        for name in ("checkpoint_interval", "hf_interval", "eval_interval", "snapshot_interval"):
             _interval(name, getattr(self, name))
         for name in ("checkpoint_maxkeep", "hf_max_keep"):
             _interval(name, getattr(self, name))
@@ -228,6 +254,9 @@ class TrainerConfig:
         if self.infra_mode is not None:  # the older top-level spelling sets infra.mode
             self.infra = InfraConfig(**{**asdict(self.infra), "mode": self.infra_mode})
             self.infra_mode = None
+        if self.infra.mode == "ray" and self.async_checkpoint:
+            raise ConfigError("async_checkpoint: not available with infra.mode 'ray' (the model saves in its actors); "
+                              "run under torchrun, or set async_checkpoint=false.")
         if self.infra.mode == "ray" and self.lora.enabled and self.lora.merge_on_export:
             raise ConfigError("lora.merge_on_export: not available with infra.mode 'ray' (the model lives in the "
                               "actors); export the adapter and merge it afterwards, or run under torchrun.")

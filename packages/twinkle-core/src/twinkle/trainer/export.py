@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle import collective
-from twinkle.checkpoint import shared_atomic_directory
+from twinkle.checkpoint import save_tokenizer, shared_atomic_directory
 from twinkle.trainer._validate import ConfigError
 from twinkle.trainer.store import checkpoint_name, list_checkpoints
 
@@ -49,9 +49,7 @@ def save_merged(model: Any, adapter: str, directory: Path) -> None:
     merged = merged_source.merge_and_unload()
     merged.save_pretrained(str(directory))
     template = model.optimizer_group[adapter].template if hasattr(model, "optimizer_group") else None
-    tokenizer = getattr(template, "tokenizer", None)
-    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(str(directory))
+    save_tokenizer(directory, template, getattr(model, "model_path", None))
 
 
 def _untie_output_embeddings(base: Any) -> None:

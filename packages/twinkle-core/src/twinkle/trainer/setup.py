@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +26,74 @@ def check_work_dir(work_dir: str) -> Path:
     return path
 
 
+def check_names(cfg: TrainerConfig) -> None:
+    """Every component the config names is registered (nothing is imported): a ConfigError naming the field."""
+    from twinkle.errors import ComponentNotFoundError
+    from twinkle.registry import get_registry
+
+    registry = get_registry()
+    named = [("model.type", "model", cfg.model.type), ("dataset.template", "template", cfg.dataset.template),
+             ("dataset.preprocessor", "preprocessor", cfg.dataset.preprocessor),
+             ("optimizer.name", "optimizer", cfg.optimizer.name), ("lr.scheduler", "lr_scheduler", cfg.lr.scheduler),
+             ("loss.name", "loss", cfg.loss.name)]
+    for where, kind, name in named:
+        if name is None or name == "default":  # 'default': the model's own (MegatronModel's optimizer, scheduler)
+            continue
+        try:
+            registry.get(kind, name)
+        except ComponentNotFoundError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost directory of ``path`` that does not exist yet (what creating it would make), or None."""
+    path = path.expanduser().resolve()
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
+def prune_empty(root: Path) -> None:
+    """Remove ``root`` if it holds nothing but empty files and directories (what a failed start leaves)."""
+    if not root.is_dir():
+        return
+    paths = sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True)
+    if any(p.is_file() and p.stat().st_size for p in paths):
+        return
+    for path in paths:
+        path.unlink() if path.is_file() else path.rmdir()
+    root.rmdir()
+
+
+@contextlib.contextmanager
+def log_file(path: Path, enabled: bool = True) -> Iterator[None]:
+    """Copy twinkle's log records to ``path`` (appending) while the block runs."""
+    if not enabled:
+        yield
+        return
+    from twinkle.log import get_logger
+
+    logger = get_logger()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
 def build_dataset(cfg: TrainerConfig, model_id: str, rows: range | None, dataset_id: str | None = None) -> Any:
     from twinkle.dataset import Dataset, DatasetMeta
     from twinkle.registry import resolve
 
     data = cfg.dataset
     dataset = Dataset(dataset_meta=DatasetMeta(dataset_id or data.dataset_id, data_slice=rows))
-    dataset.set_template(data.template, model_id=model_id, max_length=data.max_length,
+    dataset.set_template(data.template, model_id=cfg.tokenizer_path or model_id, max_length=data.max_length,
                          truncation_strategy=data.truncation_strategy)
     if data.preprocessor:
         preprocessor = resolve("preprocessor", data.preprocessor)
@@ -74,7 +138,12 @@ def build_model(cfg: TrainerConfig, model_id: str, total_step: int) -> Any:
     from twinkle.trainer._infra import model_kwargs
 
     model = model_cls(model_id=model_id, mixed_precision=cfg.model.mixed_precision,
-                      **{**cfg.model.kwargs, **model_kwargs(cfg)})
+                      **{**cfg.model.kwargs, **model_kwargs(cfg, model_cls)})
+    # the data's template on the model too: its tokenizer and chat template go into every checkpoint
+    model.set_template(cfg.dataset.template, model_id=cfg.tokenizer_path or model_id,
+                       max_length=cfg.dataset.max_length, truncation_strategy=cfg.dataset.truncation_strategy)
+    if cfg.model.gradient_checkpointing:
+        model.apply_patch("GradientCheckpointing")
     adapter = cfg.lora.adapter_name if cfg.lora.enabled else None
     gas = cfg.dataloader.gradient_accumulation_steps
     if cfg.lora.enabled:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from twinkle.checkpoint import CheckpointError, shared_atomic_directory
+from twinkle.checkpoint import CheckpointError, shared_atomic_directory, shared_commit, shared_temporary
 from twinkle.checkpoint.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from twinkle.log import get_logger
 
@@ -26,6 +26,8 @@ logger = get_logger()
 MANIFEST = MANIFEST_FILE
 TRAINER_FILE = "trainer.json"
 MODEL_SUBDIR = "model"
+#: the latest-only snapshot (``snapshot_interval``) beside the step-N checkpoints
+SNAPSHOT = "snapshot"
 _NAME = re.compile(r"^step-(\d+)$")
 #: test hook: seconds to sleep after the files are written and before the rename (reliability tests)
 SAVE_SLEEP_ENV = "TWINKLE_TRAINER_TEST_SAVE_SLEEP"
@@ -35,17 +37,58 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def write_checkpoint(root: Path, step: int, save_model: Any, trainer_state: dict[str, Any]) -> Path:
-    """Build ``root/step-N`` atomically: ``save_model(tmp)`` writes ``tmp/model``, then trainer.json, manifest.
+def write_checkpoint(root: Path, step: int, save_model: Any, trainer_state: dict[str, Any],
+                     name: str | None = None) -> Path:
+    """Build ``root/step-N`` (or ``root/name``, replacing it) atomically: ``save_model(tmp)`` writes
+    ``tmp/model``, then trainer.json, manifest.
 
     Under torchrun every rank calls this: every rank runs ``save_model`` into the same temporary
     directory (sharded saves need them all); once all succeeded rank 0 writes trainer.json and the
     manifest and renames the directory (``shared_atomic_directory``).
     """
-    final = root / checkpoint_name(step)
+    final = root / (name or checkpoint_name(step))
     with shared_atomic_directory(final, finish=lambda tmp: _finish(tmp, step, trainer_state)) as tmp:
         save_model(tmp)
     return final
+
+
+class PendingCheckpoint:
+    """A checkpoint whose model files are still being written (``async_checkpoint``).
+
+    Until :meth:`finish` it exists only as ``.step-N.tmp-*`` (removed by :func:`clean_stale` after
+    a crash); :meth:`finish` waits for the writes, then rank 0 adds trainer.json and the manifest and
+    renames it, once every rank's writes succeeded (core's ``shared_commit``).
+    """
+
+    def __init__(self, tmp: Path, final: Path, step: int, model_save: Any, trainer_state: dict[str, Any]) -> None:
+        self.tmp, self.final, self.step = tmp, final, step
+        self.model_save, self.trainer_state = model_save, trainer_state
+
+    def done(self) -> bool:
+        """This process's writes are over (finishing will not block on them)."""
+        return self.model_save.done()
+
+    def finish(self) -> Path:
+        """Complete it under its final name (every rank calls this)."""
+        ok = False
+        try:
+            self.model_save.wait()
+            ok = True
+        finally:
+            shared_commit(self.tmp, self.final, ok, finish=lambda tmp: _finish(tmp, self.step, self.trainer_state))
+        return self.final
+
+
+def begin_checkpoint(root: Path, step: int, save_model: Any, trainer_state: dict[str, Any],
+                     name: str | None = None) -> PendingCheckpoint:
+    """Start ``root/step-N`` (or ``root/name``): ``save_model(tmp)`` returns the model's pending save."""
+    final = root / (name or checkpoint_name(step))
+    tmp = shared_temporary(final)
+    try:
+        return PendingCheckpoint(tmp, final, step, save_model(tmp), trainer_state)
+    except BaseException:
+        shared_commit(tmp, final, ok=False)
+        raise
 
 
 def _finish(tmp: Path, step: int, trainer_state: dict[str, Any]) -> None:
@@ -68,12 +111,22 @@ def verify(path: Path, checksums: bool = True) -> dict[str, Any]:
         raise CheckpointError(f"{str(path / TRAINER_FILE)!r} is not valid JSON ({exc}).") from exc
 
 
-def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every directory named like a checkpoint, oldest first (complete or not)."""
+def list_checkpoints(root: Path, with_snapshot: bool = False) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every directory named like a checkpoint, oldest first (complete or not).
+
+    ``with_snapshot``: the snapshot too, at the step its manifest records (a full checkpoint of the
+    same step sorts after it).
+    """
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
-    return sorted(found)
+    found = [(int(m.group(1)), 1, p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    snapshot = root / SNAPSHOT
+    if with_snapshot and snapshot.is_dir():
+        try:
+            found.append((int(json.loads((snapshot / MANIFEST).read_text())["step"]), 0, snapshot))
+        except (OSError, ValueError, KeyError, TypeError):
+            found.append((-1, 0, snapshot))  # unreadable: tried last, reported as damaged by verify()
+    return [(step, path) for step, _, path in sorted(found)]
 
 
 def complete_checkpoints(root: Path, checksums: bool = False) -> list[tuple[int, Path]]:

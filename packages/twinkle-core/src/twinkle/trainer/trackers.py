@@ -59,7 +59,8 @@ class TensorboardTracker:
         self.writer.close()
 
 
-def make_tracker(kind: str, work_dir: Path, resume_step: int = 0) -> Any:
+def make_tracker(kind: str, work_dir: Path, resume_step: int = 0, log_dir: Path | None = None) -> Any:
+    """The tracker writing under ``log_dir`` (default: ``work_dir/logs``, ``work_dir/tensorboard`` for tensorboard)."""
     if kind == "tensorboard":
-        return TensorboardTracker(work_dir / "tensorboard", resume_step)
-    return JsonlTracker(work_dir / "logs", resume_step)
+        return TensorboardTracker(log_dir or work_dir / "tensorboard", resume_step)
+    return JsonlTracker(log_dir or work_dir / "logs", resume_step)

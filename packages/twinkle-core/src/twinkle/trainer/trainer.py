@@ -7,6 +7,7 @@ save, resume_from_checkpoint), so any registered model works. See docs/trainer.m
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -58,9 +59,13 @@ class Trainer:
             if importlib.util.find_spec("tensorboard") is None:
                 raise ConfigError("exp_tracker: 'tensorboard' needs the tensorboard package (pip install "
                                   "tensorboard), or use exp_tracker='jsonl'.")
+        setup.check_names(self.config)  # every name resolves, before anything is loaded or created
+        _infra.device_mesh(self.config)  # the parallel sizes fit the launched processes
+        self._made_dir = setup.first_missing(Path(self.config.work_dir))  # removed again if the start fails
         self.work_dir = setup.check_work_dir(self.config.work_dir)
         self.ckpt_root = self.work_dir / "checkpoints"
         self._stop_requested = False
+        self._pending: Any = None  # an async checkpoint still being written
         self._lock: WorkDirLock | None = None
         self.model: Any = None
         self.on_step: Any = None  # optional callback(step, record) for progress bars
@@ -75,16 +80,34 @@ class Trainer:
 
     # ------------------------------------------------------------------ fit
     def fit(self) -> FitResult:
-        """Train to total_step (or until a stop request); in ray mode the actors are stopped on return."""
+        """Train to total_step (or until a stop request); in ray mode the actors are stopped on return.
+
+        A run that fails before it wrote anything leaves no work directory behind (if it made one).
+        """
         try:
-            return self._fit()
+            with setup.log_file(self.log_dir / "train.log", enabled=os.environ.get("RANK", "0") == "0"):
+                return self._fit()
+        except BaseException:
+            self._release_lock()  # first: the lock file is emptied, so an otherwise empty work dir goes
+            if self._made_dir is not None:
+                setup.prune_empty(self._made_dir)
+            raise
         finally:
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            self._release_lock()
             _infra.shutdown(self.config)
 
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    @property
+    def log_dir(self) -> Path:
+        """Where metrics and train.log go: ``log_dir``, else ``work_dir/logs``."""
+        return Path(self.config.log_dir).expanduser() if self.config.log_dir else self.work_dir / "logs"
+
     def _fit(self) -> FitResult:
+        from twinkle import registry
         from twinkle.dataloader import DataLoader
 
         cfg, started = self.config, time.perf_counter()
@@ -106,6 +129,10 @@ class Trainer:
                               "training rows; lower it or use more data.")
         total = cfg.total_step or max(len(loader) // gas, 1) * cfg.total_epoch
         self.model = model = setup.build_model(cfg, model_id, total)
+        if cfg.async_checkpoint and not getattr(registry.resolve("model", cfg.model.type), "supports_async_save",
+                                                False):
+            raise ConfigError(f"async_checkpoint: {cfg.model.type}.save cannot write in the background; "
+                              "set async_checkpoint=false.")
         self.adapter = cfg.lora.adapter_name if cfg.lora.enabled else None
         self.progress = group = _infra.progress(cfg, model, self.adapter)
         if init_ckpt is not None:
@@ -115,10 +142,12 @@ class Trainer:
         state, resumed_from = self._auto_resume(loader) if cfg.auto_resume else ({}, None)
         self.best = state.get("best_eval_loss")
         self.best = math.inf if self.best is None else self.best
-        tracker = make_tracker(cfg.exp_tracker, self.work_dir, group.cur_step) if self.is_main else None
+        tracker = make_tracker(cfg.exp_tracker, self.work_dir, group.cur_step,
+                               Path(cfg.log_dir).expanduser() if cfg.log_dir else None) if self.is_main else None
         profiler = StepProfiler(self.work_dir / "profile", cfg.profile_steps, cfg.profile_time, cfg.profile_memory)
         last_loss, last_ckpt = state.get("last_loss"), str(resumed_from) if resumed_from else None
         exports: list[str] = []
+        max_norm = cfg.optimizer.max_grad_norm if cfg.do_clip else math.inf  # inf: the norm, no scaling
         previous = signal.signal(signal.SIGINT, self._on_sigint) if _main_thread() else None
         try:
             while group.cur_step < total and not self._stop_requested:
@@ -127,8 +156,8 @@ class Trainer:
                     batches = 0
                     for batch in loader:
                         model.forward_backward(inputs=batch, adapter_name=self.adapter, task=cfg.loss.task)
-                        model.clip_grad_and_step(max_grad_norm=cfg.optimizer.max_grad_norm,
-                                                 adapter_name=self.adapter, gradient_accumulation_steps=gas,
+                        model.clip_grad_and_step(max_grad_norm=max_norm, adapter_name=self.adapter,
+                                                 gradient_accumulation_steps=gas,
                                                  max_consecutive_skips=cfg.optimizer.max_consecutive_skips)
                         group.micro_batch_done()
                         batches += 1
@@ -138,6 +167,8 @@ class Trainer:
                         continue
                 if group.micro_step:  # the epoch ended inside an accumulation window; keep filling it
                     continue
+                if self._pending is not None and not collective.active() and self._pending.done():
+                    self._finish_pending()  # one process: complete it as soon as its files are written
                 metric = model.calculate_metric(is_training=True, adapter_name=self.adapter)
                 group.check(metric)
                 step = group.cur_step
@@ -160,6 +191,9 @@ class Trainer:
                 final = step >= total or self._stop_requested
                 if _due(cfg.checkpoint_interval, step) or final:
                     last_ckpt = str(self._save(step, loader, last_loss))
+                elif _due(cfg.snapshot_interval, step):
+                    self._save(step, loader, last_loss, snapshot=True)
+            self._finish_pending()
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -180,23 +214,47 @@ class Trainer:
         logger.warning("Ctrl-C: finishing this step and saving a checkpoint (Ctrl-C again to abort).")
         self._stop_requested = True
 
-    def _save(self, step: int, loader: Any, last_loss: float | None) -> Path:
+    def _save(self, step: int, loader: Any, last_loss: float | None, snapshot: bool = False) -> Path:
+        """A full checkpoint ``checkpoints/step-N``, or (``snapshot``) the one latest-only ``checkpoints/snapshot``.
+
+        A snapshot holds the same resumable state but replaces the previous one, is never rotated
+        and gets no HF export: a cheap restart point between full checkpoints.
+        """
         consumed = loader.get_state()["consumed_train_samples"]
         state = {"step": step, "consumed_train_samples": consumed, "last_loss": last_loss,
                  "best_eval_loss": None if math.isinf(self.best) else self.best}
 
-        def save_model(tmp: Path) -> None:
-            self.model.save(store.MODEL_SUBDIR, output_dir=str(tmp), adapter_name=self.adapter,
-                            save_optimizer=True, consumed_train_samples=consumed)
+        def save_model(tmp: Path) -> Any:
+            background = {"async_save": True} if self.config.async_checkpoint else {}
+            return self.model.save(store.MODEL_SUBDIR, output_dir=str(tmp), adapter_name=self.adapter,
+                                   save_optimizer=True, consumed_train_samples=consumed, **background)
 
+        if self.config.async_checkpoint:  # one save in flight: the previous one completes first
+            self._finish_pending()
+            self._pending = store.begin_checkpoint(self.ckpt_root, step, save_model, state,
+                                                   name=store.SNAPSHOT if snapshot else None)
+            return self._pending.final
+        if snapshot:
+            return store.write_checkpoint(self.ckpt_root, step, save_model, state, name=store.SNAPSHOT)
         path = store.write_checkpoint(self.ckpt_root, step, save_model, state)
+        self._rotate()
+        return path
+
+    def _finish_pending(self) -> None:
+        """Complete the async checkpoint in flight, if any (blocks until its files are written)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.finish()
+            self._rotate()
+
+    def _rotate(self) -> None:
         if self.is_main:
             for gone in store.rotate(self.ckpt_root, self.config.checkpoint_maxkeep):
                 logger.info("rotated out %s", gone.name)
-        return path
 
     def _auto_resume(self, loader: Any) -> tuple[dict[str, Any], Path | None]:
-        """Continue from the newest checkpoint that verifies and loads; damaged newer ones are reported and skipped.
+        """Continue from the newest checkpoint (or snapshot) that verifies and loads; damaged newer ones are
+        reported and skipped.
 
         If a checkpoint verified but failed to load and no older one loads either, that is an error:
         training on from a model that may hold part of a checkpoint is never called "from scratch".
@@ -204,7 +262,7 @@ class Trainer:
         from twinkle.checkpoint import CheckpointError
 
         failed: list[str] = []
-        for step, path in reversed(store.list_checkpoints(self.ckpt_root)):
+        for step, path in reversed(store.list_checkpoints(self.ckpt_root, with_snapshot=True)):
             try:
                 state = store.verify(path)
             except CheckpointError as exc:

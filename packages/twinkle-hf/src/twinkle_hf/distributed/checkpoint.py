@@ -1,15 +1,18 @@
-"""Checkpoints of a wrapped model on several ranks.
+"""Checkpoints of a wrapped model on several ranks, and asynchronous checkpoints.
 
 The directory keeps the single-process layout (HF-loadable weights or PEFT adapter, scheduler,
 scaler, RNG, ``trainer_state.json``) and adds torch.distributed.checkpoint folders every rank
-writes its shards into: ``dcp_model`` (the group's trainable parameters) and ``dcp_optimizer``.
-The HF export is gathered (a collective) and written by rank 0. The directory is written through
-core's ``shared_atomic_directory``: one temporary name, renamed by rank 0 once every rank succeeded.
+writes its shards into: ``dcp_model`` (the group's trainable parameters) and ``dcp_optimizer``; an
+asynchronous save writes both as one DCP checkpoint, ``dcp_state`` (one writer thread, one final
+gather). The HF export is gathered (a collective) and written by rank 0. The directory is written
+through core's shared atomic-directory protocol: one temporary name, renamed by rank 0 once every
+rank succeeded (``shared_temporary`` / ``shared_commit`` when the writes finish in the background).
 """
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,13 @@ from twinkle.checkpoint import (
 
 DCP_MODEL = "dcp_model"
 DCP_OPTIMIZER = "dcp_optimizer"
+#: an async save writes weights and optimizer as one DCP checkpoint (one writer thread, one final gather)
+DCP_STATE = "dcp_state"
+
+
+def is_sharded(directory: Path) -> bool:
+    """Whether ``directory`` holds DCP shards (a multi-process or an asynchronous save)."""
+    return (directory / DCP_MODEL).is_dir() or (directory / DCP_STATE).is_dir()
 
 
 def optimizers_of(optimizer: Any) -> list[Any]:
@@ -44,18 +54,27 @@ def trainable_params(owner: Any, group: Any) -> dict[str, torch.Tensor]:
     return {n: p for n, p in owner.model.named_parameters() if id(p) in ids}
 
 
-def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool) -> None:
-    """Every rank writes its shards of the weights (and optimizer) with DCP; rank 0 the small files."""
+def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool,
+                 async_save: bool = False) -> list[Future]:
+    """Every rank writes its shards of the weights (and optimizer) with DCP; rank 0 the small files.
+
+    ``async_save``: DCP's ``async_save`` copies the tensors to host memory now and writes them in a
+    background thread; the returned futures finish the writes (every file is under ``directory``).
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    dcp.save({n: p.detach() for n, p in trainable_params(owner, group).items()},
-             checkpoint_id=str(directory / DCP_MODEL))
+    state = {DCP_MODEL: {n: p.detach() for n, p in trainable_params(owner, group).items()}}
+    if save_optimizer and group.optimizer is not None:
+        state[DCP_OPTIMIZER] = get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))
+    if async_save:  # its writer thread ends with a gather: on a group of its own, never the training's
+        pending = [dcp.async_save(state, checkpoint_id=str(directory / DCP_STATE),
+                                  process_group=collective.background_group())]
+    else:
+        pending = [dcp.save(part, checkpoint_id=str(directory / name)) for name, part in state.items()]
+    futures = [f for f in pending if isinstance(f, Future)]
     if not save_optimizer:
-        return
-    if group.optimizer is not None:
-        state = get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))
-        dcp.save(state, checkpoint_id=str(directory / DCP_OPTIMIZER))
+        return futures
     rank = collective.rank()
     torch_save(capture_rng_state(), directory / rng_file(rank))
     if rank == 0:
@@ -63,6 +82,7 @@ def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool) 
             torch_save(group.lr_scheduler.state_dict(), directory / SCHEDULER_FILE)
         if group.scaler is not None:
             torch_save(group.scaler.state_dict(), directory / SCALER_FILE)
+    return futures
 
 
 def rng_file(rank: int) -> str:
@@ -97,10 +117,10 @@ def load_sharded(owner: Any, group: Any, directory: Path, with_training_state: b
             raise problem
         raise CheckpointError(f"Checking {str(directory)!r} failed on rank(s) {failed}; nothing was loaded here "
                               "either (see their error).")
-    dcp_load(state, directory / DCP_MODEL)
+    dcp_load(*_dcp_part(directory, DCP_MODEL, state))
     if side is None:
         return
-    dcp_load(side["optimizer"], directory / DCP_OPTIMIZER)
+    dcp_load(*_dcp_part(directory, DCP_OPTIMIZER, side["optimizer"]))
     set_optimizer_state_dict(owner.model, optimizers_of(group.optimizer), side["optimizer"])
     if "scheduler" in side:
         group.lr_scheduler.load_state_dict(side["scheduler"])
@@ -109,14 +129,26 @@ def load_sharded(owner: Any, group: Any, directory: Path, with_training_state: b
     restore_rng_state(side["rng"])
 
 
+def _dcp_part(directory: Path, part: str, state: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """``(state to load, DCP directory)`` of one part: its own folder, or its key in an async save's ``dcp_state``."""
+    combined = directory / DCP_STATE
+    if combined.is_dir():
+        return {part: state}, combined
+    return state, directory / part
+
+
 def _check_dcp(directory: Path, sub: str, state: dict[str, Any], what: str) -> None:
     from twinkle.checkpoint.dcp_safe import check_dcp_state, verify_dcp_directory
 
-    if not (directory / sub).is_dir():
-        hint = ("save with save_optimizer=True" if sub == DCP_OPTIMIZER else "it was not written by a multi-process "
-                "save. Load its HF weights with model_id= / add_adapter_to_model")
+    wrapped, location = _dcp_part(directory, sub, state)
+    hint = ("save with save_optimizer=True" if sub == DCP_OPTIMIZER else "it was not written by a multi-process "
+            "or asynchronous save. Load its HF weights with model_id= / add_adapter_to_model")
+    if not location.is_dir():
         raise CheckpointError(f"{str(directory)!r} has no {sub}/ ({what}); {hint}.")
-    check_dcp_state(verify_dcp_directory(directory / sub), state, f"{str(directory / sub)!r}")
+    metadata = verify_dcp_directory(location)
+    if location.name == DCP_STATE and not any(k.startswith(f"{sub}.") for k in metadata.state_dict_metadata):
+        raise CheckpointError(f"{str(location)!r} holds no {what}; {hint}.")
+    check_dcp_state(metadata, wrapped, f"{str(location)!r}")
 
 
 def _read_side_files(owner: Any, group: Any, directory: Path) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """How TransformersModel writes and reads checkpoints (the public save/load/resume are core's).
 
 A checkpoint directory holds HF-loadable weights (a ``save_pretrained`` directory for the full
-model, a flat PEFT adapter directory for LoRA), the tokenizer when a template has one (a VL
-template: its processor), and with
+model, a flat PEFT adapter directory for LoRA), the tokenizer (the template's, a VL template's
+processor, else the model's own), and with
 ``save_optimizer=True`` the optimizer, scheduler, scaler and RNG states; ``trainer_state.json``
 always. It is written under a temporary name and renamed when complete.
 """
@@ -19,6 +19,7 @@ from twinkle.checkpoint import (
     SCALER_FILE,
     SCHEDULER_FILE,
     CheckpointError,
+    PendingSave,
     atomic_directory,
     capture_rng_state,
     check_rng_state,
@@ -26,15 +27,14 @@ from twinkle.checkpoint import (
     require_files,
     restore_rng_state,
     safe_torch_load,
-    shared_atomic_directory,
+    shared_commit,
+    shared_temporary,
     torch_save,
     write_trainer_state,
 )
 from twinkle.model.checkpointing import CheckpointMixin as CoreCheckpointMixin
 from twinkle.model.optimizer_group import OptimizerGroup
-from twinkle.multimodal.processor import copy_missing_files
 from twinkle_hf.model.optim import check_optimizer_state
-from twinkle_hf.model.vision import is_multimodal
 from twinkle_hf.model.weights import (
     ADAPTER_WEIGHTS,
     adapter_state_dict,
@@ -49,10 +49,12 @@ from twinkle_hf.model.weights import (
 class CheckpointMixin(CoreCheckpointMixin):
     """How TransformersModel writes and reads its checkpoint files; the public methods are core's."""
 
+    supports_async_save = True
+
     def _write_checkpoint(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
                           consumed_train_samples: int) -> None:
         if self.dist_plan.distributed:
-            self._save_distributed(group, final, save_optimizer, consumed_train_samples)
+            self._save_distributed(group, final, save_optimizer, consumed_train_samples).wait()
             return
         with atomic_directory(final) as tmp:
             self._save_weights(group, tmp)
@@ -60,6 +62,11 @@ class CheckpointMixin(CoreCheckpointMixin):
                 self._save_training_state(group, tmp)
             write_trainer_state(tmp, group.trainer_state(consumed_train_samples, mixed_precision=self.mixed_precision,
                                                          has_optimizer_state=bool(save_optimizer)))
+
+    def _write_checkpoint_async(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
+                                consumed_train_samples: int) -> PendingSave:
+        """Weights and optimizer go to DCP's ``async_save`` (the sharded layout, on one process too)."""
+        return self._save_distributed(group, final, save_optimizer, consumed_train_samples, async_save=True)
 
     def _load_checkpoint(self, group: OptimizerGroup, directory: Path) -> None:
         if self.dist_plan.distributed and self._wrapped:
@@ -82,10 +89,10 @@ class CheckpointMixin(CoreCheckpointMixin):
         self._load_weights(group, directory)
 
     def _resume_weights(self, group: OptimizerGroup, directory: Path, resume_only_model: bool) -> None:
-        if self.dist_plan.distributed:
-            self._ensure_wrapped()
-            from twinkle_hf.distributed.checkpoint import load_sharded
+        from twinkle_hf.distributed.checkpoint import is_sharded, load_sharded
 
+        if self.dist_plan.distributed or is_sharded(directory):  # sharded, or an async save
+            self._ensure_wrapped()
             load_sharded(self, group, directory, with_training_state=not resume_only_model)
             return
         restore = None if resume_only_model else self._read_training_state(group, directory)
@@ -115,25 +122,30 @@ class CheckpointMixin(CoreCheckpointMixin):
             self._ensure_wrapped()
 
     def _save_distributed(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
-                          consumed_train_samples: int) -> None:
+                          consumed_train_samples: int, async_save: bool = False) -> PendingSave:
         """Every rank takes part: DCP shards from all, the HF export and small files from rank 0."""
         from twinkle_hf.distributed import checkpoint as dist_ckpt
 
         self._ensure_wrapped()
-        with shared_atomic_directory(final) as tmp:
+        tmp = shared_temporary(final)
+        try:
             if group.is_adapter:
                 state = dist_ckpt.gathered_state(adapter_state_dict(self.model, group.name))
                 if collective.rank() == 0:
                     write_adapter(self.model, group.name, state, tmp)
             else:
                 dist_ckpt.save_full_export(self._hf_model(), tmp)
-            dist_ckpt.save_sharded(self, group, tmp, save_optimizer)
+            futures = dist_ckpt.save_sharded(self, group, tmp, save_optimizer, async_save=async_save)
             if collective.rank() == 0:
                 self._save_preprocessing(group, tmp)
                 write_trainer_state(tmp, group.trainer_state(
                     consumed_train_samples, mixed_precision=self.mixed_precision,
                     has_optimizer_state=bool(save_optimizer), world_size=self.dist_plan.world_size,
                     strategy=self.dist_plan.kind))
+        except BaseException:
+            shared_commit(tmp, final, ok=False)
+            raise
+        return PendingSave(str(final), futures, lambda ok: shared_commit(tmp, final, ok))
 
     def _save_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:
@@ -141,16 +153,6 @@ class CheckpointMixin(CoreCheckpointMixin):
         else:
             save_full(self._hf_model(), directory)
         self._save_preprocessing(group, directory)
-
-    def _save_preprocessing(self, group: OptimizerGroup, directory: Path) -> bool:
-        """Core's (the template's tokenizer or processor); for a VL model without a template, the processor
-        files of the directory it was loaded from, so the checkpoint loads with AutoProcessor."""
-        if super()._save_preprocessing(group, directory):
-            return True
-        if self.model_path is not None and is_multimodal(self._hf_model().config):
-            copy_missing_files(self.model_path, directory)
-            return True
-        return False
 
     def _load_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:

@@ -61,11 +61,13 @@ def check_not_adapter_dir(path: str) -> None:
 
 
 def load_hf_model(model_cls: Any, model_id: str | None, config: PretrainedConfig | None,
-                  kwargs: dict[str, Any]) -> tuple[PreTrainedModel, str | None]:
+                  kwargs: dict[str, Any], strict: bool = False) -> tuple[PreTrainedModel, str | None]:
     """Load pretrained weights (``model_id``) or build from ``config`` (random init).
 
     Weights default to float32 (the master copy mixed precision trains); pass ``dtype=`` to override.
     A vision-language config with the default ``AutoModelForCausalLM`` loads ``AutoModelForImageTextToText``.
+    ``strict``: weights that do not fit the model (missing, unexpected or mis-shaped tensors, which
+    transformers would initialise randomly or drop with a warning) are an error.
     Returns the model and the local path it came from.
     """
     cls = choose_model_cls(model_cls, model_id, config)
@@ -82,14 +84,18 @@ def load_hf_model(model_cls: Any, model_id: str | None, config: PretrainedConfig
             return _from_config(cls, config, kwargs), path
         if config is not None:
             kwargs["config"] = config
-        return cls.from_pretrained(path, **kwargs), path
+        if not strict:
+            return cls.from_pretrained(path, **kwargs), path
+        model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
+        check_loading_info(info, path)
+        return model, path
     if config is None:
         raise ValueError("TransformersModel needs model_id= (hub id or local directory) or config= (random init).")
     return _from_config(cls, config, kwargs), None
 
 
 def build_for_sharding(model_cls: Any, model_id: str, config: PretrainedConfig | None,
-                       kwargs: dict[str, Any]) -> tuple[PreTrainedModel, str] | None:
+                       kwargs: dict[str, Any], strict: bool = False) -> tuple[PreTrainedModel, str] | None:
     """``(model on the meta device, weights directory)`` for FSDP2, whose ranks then read only their shards.
 
     None when there is nothing to read shard by shard (a config-only asset: random init) or the
@@ -102,12 +108,23 @@ def build_for_sharding(model_cls: Any, model_id: str, config: PretrainedConfig |
     check_not_adapter_dir(path)
     if not has_weights(path):
         return None
-    model, why = build_on_meta(cls, path, config, kwargs)
+    model, why = build_on_meta(cls, path, config, kwargs, strict=strict)
     if model is None:
         logger.info("FSDP2: %s cannot be read shard by shard (%s); every rank loads it whole, then shards it.",
                     model_id, why)
         return None
     return model, path
+
+
+def check_loading_info(info: dict[str, Any], path: str) -> None:
+    """Refuse a load that left weights missing, unused or mis-shaped (transformers only warns)."""
+    problems = [f"{len(info[key])} {what} (e.g. {sorted(map(str, info[key]))[:3]})"
+                for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"),
+                                  ("mismatched_keys", "mis-shaped")) if info.get(key)]
+    if problems:
+        raise ValueError(f"The weights in {path!r} do not fit the model: {'; '.join(problems)} tensors. "
+                         "Load a checkpoint of this architecture, or pass strict_load=False to accept it "
+                         "(missing weights are then randomly initialised).")
 
 
 def _from_config(cls: Any, config: PretrainedConfig, kwargs: dict[str, Any]) -> PreTrainedModel:

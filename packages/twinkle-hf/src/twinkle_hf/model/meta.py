@@ -63,10 +63,18 @@ def missing_from_files(model: torch.nn.Module, keys: dict[str, Any]) -> list[str
                   if not any(file_key(n) in keys for n in names))
 
 
-def build_on_meta(cls: Any, path: str, config: Any, kwargs: dict[str, Any]) -> tuple[torch.nn.Module | None, str]:
+def unexpected_in_files(model: torch.nn.Module, keys: dict[str, Any]) -> list[str]:
+    """Checkpoint ``keys`` that no parameter or persistent buffer of ``model`` reads."""
+    known = {file_key(n) for n in model.state_dict(keep_vars=True)}
+    return sorted(k for k in keys if k not in known)
+
+
+def build_on_meta(cls: Any, path: str, config: Any, kwargs: dict[str, Any],
+                  strict: bool = False) -> tuple[torch.nn.Module | None, str]:
     """``(model, '')`` with its parameters on the meta device, or ``(None, why)`` when the checkpoint at ``path``
     cannot be read shard by shard (no safetensors, options only ``from_pretrained`` understands, key names
-    transformers would convert); the caller then loads it the plain way."""
+    transformers would convert; with ``strict``, tensors the model has no place for); the caller then loads it
+    the plain way (which reports what does not fit under ``strict``)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig
 
@@ -92,6 +100,9 @@ def build_on_meta(cls: Any, path: str, config: Any, kwargs: dict[str, Any]) -> t
     missing = missing_from_files(model, keys)
     if missing:
         return None, f"{len(missing)} parameters are not stored under their own names (e.g. {missing[:2]})"
+    unexpected = unexpected_in_files(model, keys) if strict else []
+    if unexpected:
+        return None, f"{len(unexpected)} stored tensors are not the model's (e.g. {unexpected[:2]})"
     _load_generation_config(model, path)
     return model, ""
 

@@ -31,7 +31,7 @@ class TrainingMixin:
     """The computing half of the TwinkleModel API (see ``twinkle.model.base``)."""
 
     @remote_function(dispatch="slice_dp", collect="list")
-    def forward(self, *, inputs: Any, adapter_name: str | None = None, task: str | None = None,
+    def forward(self, inputs: Any, *, adapter_name: str | None = None, task: str | None = None,
                 **kwargs: Any) -> Any:
         """Training-mode forward; outputs are kept for calculate_loss and counted by training metrics."""
         group = self._group(adapter_name)
@@ -39,7 +39,7 @@ class TrainingMixin:
         return self._forward(group, inputs, task, True, kwargs)
 
     @remote_function(dispatch="slice_dp", collect="list")
-    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, task: str | None = None,
+    def forward_only(self, inputs: Any, *, adapter_name: str | None = None, task: str | None = None,
                      **kwargs: Any) -> Any:
         """Eval-mode forward without gradients, counted by evaluation metrics."""
         group = self._group(adapter_name)
@@ -81,7 +81,7 @@ class TrainingMixin:
         group.last_outputs = None  # free the logits and the graph
 
     @remote_function(dispatch="slice_dp", collect="mean")
-    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, task: str | None = None,
+    def forward_backward(self, inputs: Any, *, adapter_name: str | None = None, task: str | None = None,
                          **kwargs: Any) -> LazyFloat:
         """forward + calculate_loss + backward; returns the micro-batch's per-item (token) mean loss.
 

@@ -62,6 +62,9 @@ class TransformersModel(VisionMixin, DistributedMixin, GroupsMixin, ComponentsMi
     built on the meta device and every rank reads only its own shards when the model is wrapped
     (build on meta -> adapters -> shard -> load shards -> optimizer). ``memory_efficient_init``: for
     DDP and random init, only rank 0 reads (or builds) the weights (see docs/distributed.md).
+    ``gradient_checkpointing``: recompute activations in backward (the ``GradientCheckpointing`` patch):
+    the same losses with less activation memory. ``strict_load``: weights in ``model_id`` that do not fit
+    the model (missing/unexpected/mis-shaped) are an error instead of transformers' warning.
     """
 
     #: Subclasses that need real weights right after construction (MultiLora snapshots its slots) say False.
@@ -78,6 +81,8 @@ class TransformersModel(VisionMixin, DistributedMixin, GroupsMixin, ComponentsMi
                  fsdp_config: dict[str, Any] | None = None,
                  grad_scaler_config: dict[str, Any] | None = None,
                  memory_efficient_init: bool = False,
+                 gradient_checkpointing: bool = False,
+                 strict_load: bool = False,
                  **kwargs: Any) -> None:
         runtime = get_runtime()
         if device_mesh is None and runtime.initialized:
@@ -98,21 +103,23 @@ class TransformersModel(VisionMixin, DistributedMixin, GroupsMixin, ComponentsMi
         self.memory_efficient_init = memory_efficient_init
         self._memory_efficient_pending = memory_efficient_init and self.dist_plan.distributed
         self._weights_dir: str | None = None  # FSDP2: each rank reads its shards from here once sharded
-        model = self._build(model_cls, model_id, config, kwargs)
+        model = self._build(model_cls, model_id, config, kwargs, strict_load)
         self.model_id = model_id
         if self.precision.provider is not None:
             model = self.precision.provider.prepare_model(model)
         self.model = model if on_meta(model) else model.to(self.device)
         self.optimizer_group: dict[str, OptimizerGroup] = {DEFAULT_GROUP: self._new_group(DEFAULT_GROUP)}
         self.patches: list[Any] = []
+        if gradient_checkpointing:
+            self.apply_patch("GradientCheckpointing")
 
     def _build(self, model_cls: Any, model_id: str | None, config: PretrainedConfig | None,
-               kwargs: dict[str, Any]) -> Any:
+               kwargs: dict[str, Any], strict: bool) -> Any:
         """The transformers model for this plan: under FSDP2 a checkpoint is built on the meta device (each
         rank reads its shards once wrapped); ``memory_efficient_init``: rank 0 loads, the others build on
         meta; otherwise every process loads it whole."""
         if self.dist_plan.sharded and self._builds_on_meta and model_id is not None and self.precision.provider is None:
-            built = build_for_sharding(model_cls, model_id, config, kwargs)
+            built = build_for_sharding(model_cls, model_id, config, kwargs, strict=strict)
             if built is not None:
                 model, self.model_path = built
                 self._weights_dir = self.model_path
@@ -123,7 +130,7 @@ class TransformersModel(VisionMixin, DistributedMixin, GroupsMixin, ComponentsMi
 
             model, self.model_path = load_rank0_only(model_cls, model_id, config, kwargs)
             return model
-        model, self.model_path = load_hf_model(model_cls, model_id, config, kwargs)
+        model, self.model_path = load_hf_model(model_cls, model_id, config, kwargs, strict=strict)
         return model
 
     def _new_group(self, name: str, is_adapter: bool = False, gradient_accumulation_steps: int = 1) -> OptimizerGroup:

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from twinkle.mesh import DeviceMesh
 from twinkle.model.inputs import check_row_length, collate
+from twinkle.model.lora_targets import with_default_targets
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multi_lora import LoraTenant, MultiLora, serialize_calls
 from twinkle.remote import remote_class
@@ -39,6 +40,7 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
     """
 
     _builds_on_meta = False  # the slots snapshot their initial weights at construction
+    supports_async_save = False  # a tenant's adapter is a slice of the shared slots, small: written at once
 
     def __init__(self,  # noqa: D417
                  model_cls: Any = AutoModelForCausalLM,
@@ -89,6 +91,10 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
         else:
             self.model.add_adapter(tenant.adapter_name, tenant.config)
         self.slots.snapshot(tenant.adapter_name)
+
+    def complete_tenant_config(self, config: Any) -> Any:
+        """No target_modules: peft's defaults for this model type, as get_peft_model would choose."""
+        return with_default_targets(config, self._hf_model().config.model_type)
 
     def check_tenant_config(self, config: Any) -> frozenset[str]:
         LoraSlots.check_config(config, [n for n, _ in self._hf_model().named_modules() if n])

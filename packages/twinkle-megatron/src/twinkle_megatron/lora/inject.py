@@ -58,6 +58,23 @@ def target_suffixes(config: Any) -> list[str]:
     return chosen
 
 
+def with_default_targets(config: Any, model_type: str) -> Any:
+    """No ``target_modules``: peft's defaults for ``model_type``, widened to whole fused layers.
+
+    peft's default for Qwen/Llama/Mistral is q_proj and v_proj; megatron holds q, k and v in one
+    ``linear_qkv``, so the default here adapts that layer (q_proj, k_proj and v_proj in HF names).
+    """
+    from twinkle.model.lora_targets import default_target_modules
+    from twinkle.model.lora_targets import with_default_targets as peft_defaults
+
+    if config.target_modules is not None:
+        return config
+    names = set(default_target_modules(model_type))
+    completed = peft_defaults(config, model_type)
+    completed.target_modules = {n for hf in FUSED.values() if names & set(hf) for n in hf}
+    return completed
+
+
 def hf_target_modules(suffixes: list[str]) -> list[str]:
     return sorted(n for suffix in suffixes for n in FUSED[suffix])
 

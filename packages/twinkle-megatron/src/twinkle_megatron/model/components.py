@@ -19,10 +19,11 @@ class ComponentsMixin(CoreComponentsMixin):
     def set_optimizer(self, optimizer_cls: Any = "default", *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Use megatron-core's distributed optimizer (``'default'`` / ``'MegatronDistributedOptimizer'``).
 
-        kwargs are its settings (``lr``, ``weight_decay``, ``adam_beta1``...). Other optimizers are refused.
+        kwargs are its settings (``lr``, ``weight_decay``, ``adam_beta1``...), over the OptimizerConfig
+        fields given to the constructor. Other optimizers are refused.
         """
         group = self._group(adapter_name)
-        settings = resolve_optimizer(optimizer_cls, kwargs)
+        settings = resolve_optimizer(optimizer_cls, {**self.megatron_kwargs.optimizer, **kwargs})
         driver = make_driver(self, group, settings)
         group.optimizer = driver
         group.lr_scheduler = None

@@ -172,6 +172,12 @@ class MegatronDriver:
         return self.optimizer.get_loss_scale()
 
 
+def ddp_settings(model: Any) -> dict[str, Any]:
+    """Megatron DDP's settings: twinkle's defaults under the DistributedDataParallelConfig kwargs of the model."""
+    return {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False, "use_distributed_optimizer": True,
+            **model.megatron_kwargs.ddp}
+
+
 @contextmanager
 def only_trainable(module: torch.nn.Module, params: list[torch.nn.Parameter]) -> Iterator[None]:
     """Within the block only ``params`` require grad (megatron's DDP and optimizer take "every trainable one")."""
@@ -208,8 +214,7 @@ def group_chunk(model: Any, group: OptimizerGroup, params: list[torch.nn.Paramet
     module = training_module(model)
     chunk = model.group_chunks.get(group.name)
     if chunk is None:
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=True)
+        ddp_config = DistributedDataParallelConfig(**ddp_settings(model))
         with only_trainable(module, params):
             chunk = DistributedDataParallel(model.transformer_config, ddp_config, module)
         model.group_chunks[group.name] = chunk

@@ -22,7 +22,14 @@ from twinkle.model.optimizer_group import (
     lookup_group,
 )
 from twinkle_megatron.errors import MegatronConfigError
-from twinkle_megatron.lora.inject import adapter_parameters, add_lora, check_lora_config, set_active, target_suffixes
+from twinkle_megatron.lora.inject import (
+    adapter_parameters,
+    add_lora,
+    check_lora_config,
+    set_active,
+    target_suffixes,
+    with_default_targets,
+)
 from twinkle_megatron.lora.peft_io import import_adapter, read_adapter
 
 _GROUP_OPTIONS = ("gradient_accumulation_steps",)
@@ -86,6 +93,7 @@ class GroupsMixin:
             raise RuntimeError("The model is already wrapped for training (an optimizer was set); add adapters "
                                "before set_optimizer.")
         directory, config, weights = _adapter_source(config_or_dir)
+        config = with_default_targets(config, self.hf_config.model_type)
         check_lora_config(config)
         suffixes = target_suffixes(config)
         inherited = self._full_group_defaults()

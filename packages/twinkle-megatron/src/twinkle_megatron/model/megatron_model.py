@@ -25,6 +25,7 @@ from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.model.checkpoint import CheckpointMixin
 from twinkle_megatron.model.components import ComponentsMixin
 from twinkle_megatron.model.groups import GroupsMixin
+from twinkle_megatron.model.kwargs import MegatronKwargs
 from twinkle_megatron.model.loading import load_hf_config, load_weights
 from twinkle_megatron.model.stepping import SteppingMixin
 from twinkle_megatron.model.summary import SummaryMixin
@@ -64,8 +65,9 @@ class MegatronModel(GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin, 
     ``model_id``: hub id (``ms://``, ``hf://``), local HF directory, or a full-model checkpoint
     written by :meth:`save`; ``config``: an HF config (random init when ``model_id`` is None, or
     overriding the directory's config). tp/pp/cp/ep/dp and sequence_parallel come from
-    ``device_mesh``; VPP is refused. ``kwargs`` are megatron-core ``TransformerConfig`` fields
-    (recompute_granularity, ...). ``.gpt`` is this rank's GPTModel; ``.model`` what forward runs
+    ``device_mesh``; VPP is refused. ``kwargs`` are megatron training arguments, each sent to the
+    megatron object it configures (TransformerConfig, DDP config, optimizer defaults, micro_batch_size:
+    see ``model/kwargs.py``). ``.gpt`` is this rank's GPTModel; ``.model`` what forward runs
     (wrapped in Megatron DDP on GPU once an optimizer is set).
     """
 
@@ -76,7 +78,8 @@ class MegatronModel(GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin, 
                  mixed_precision: str = "bf16",
                  seed: int | None = None,
                  **kwargs: Any) -> None:
-        from twinkle_megatron.build import build_gpt, split_megatron_kwargs
+        from twinkle_megatron.build import build_gpt
+        from twinkle_megatron.model.kwargs import split_kwargs
 
         self.device = _device()
         self.device_type = self.device.type
@@ -96,10 +99,7 @@ class MegatronModel(GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin, 
                 "CUDA and Transformer Engine (its router calls TE's GEMM, its token dispatcher a CUDA stream). "
                 "Run it on a GPU with transformer-engine[pytorch] installed."
             )
-        megatron_kwargs = split_megatron_kwargs(kwargs)
-        if kwargs:
-            raise TypeError(f"MegatronModel got unknown arguments {sorted(kwargs)}; extra keyword arguments must be "
-                            "megatron-core TransformerConfig fields.")
+        self.megatron_kwargs: MegatronKwargs = split_kwargs(kwargs)  # unknown names refused here
         self.model_id = model_id
         if self.device_type == "cuda":
             torch.cuda.set_device(self.device)
@@ -109,7 +109,7 @@ class MegatronModel(GroupsMixin, ComponentsMixin, TrainingMixin, SteppingMixin, 
         state.seed(seed if seed is not None else (get_runtime().seed or 42), self.device_type)
         self.ranks = state.ranks()
         built = build_gpt(self.args, self.sizes, self.ranks, mixed_precision, self.device_type, self.use_te,
-                          megatron_kwargs, init_weights=self.model_path is None)
+                          self.megatron_kwargs.transformer, init_weights=self.model_path is None)
         self.gpt, self.transformer_config, self.layout = built.gpt, built.config, built.layout
         if self.model_path is not None:
             load_weights(self.gpt, self.model_path, self.args, self.layout)

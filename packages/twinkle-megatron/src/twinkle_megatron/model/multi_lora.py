@@ -21,7 +21,7 @@ from twinkle.model.inputs import check_row_length
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multi_lora import LoraTenant, MultiLora, serialize_calls
 from twinkle.remote import remote_class
-from twinkle_megatron.lora.inject import adapter_parameters, check_lora_config, target_suffixes
+from twinkle_megatron.lora.inject import adapter_parameters, check_lora_config, target_suffixes, with_default_targets
 from twinkle_megatron.lora.peft_io import read_adapter
 from twinkle_megatron.lora.slots import MegatronSlots
 from twinkle_megatron.model.groups import _adapter_source
@@ -73,6 +73,10 @@ class MultiLoraMegatronModel(MegatronModel):
     def create_slot(self, tenant: LoraTenant) -> None:
         """Add slot ``tenant.adapter_name`` (rank max_r) on every slot layer and snapshot its initial weights."""
         self.slots.create(tenant.adapter_name, tenant.config, seed=tenant.index)
+
+    def complete_tenant_config(self, config: Any) -> Any:
+        """No target_modules: peft's defaults for this model type, widened to megatron's fused layers."""
+        return with_default_targets(config, self.hf_config.model_type)
 
     def check_tenant_config(self, config: Any) -> frozenset[str]:
         return self.slots.targets_of(config)[1]

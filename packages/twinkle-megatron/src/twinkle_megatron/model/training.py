@@ -30,15 +30,15 @@ from twinkle_megatron.parallel import context
 
 
 class TrainingMixin:
-    """The computing half of the TwinkleModel API."""
+    """The computing half of the TwinkleModel API (``inputs`` positionally or as ``inputs=``, as in the HF backend)."""
 
-    def forward(self, *, inputs: Any, adapter_name: str | None = None, task: str = "causal_lm", **kwargs: Any) -> Any:
+    def forward(self, inputs: Any, *, adapter_name: str | None = None, task: str = "causal_lm", **kwargs: Any) -> Any:
         """Training-mode forward; returns ``{'logits': (batch, seq, vocab)}`` kept for calculate_loss."""
         group = self._group(adapter_name)
         group.take_accumulation_steps(kwargs)
         return self._forward(group, inputs, task, True, kwargs)
 
-    def forward_only(self, *, inputs: Any, adapter_name: str | None = None, task: str = "causal_lm",
+    def forward_only(self, inputs: Any, *, adapter_name: str | None = None, task: str = "causal_lm",
                      **kwargs: Any) -> Any:
         """Eval-mode forward without gradients, counted by evaluation metrics."""
         group = self._group(adapter_name)
@@ -68,7 +68,7 @@ class TrainingMixin:
         group.last_loss = None
         group.last_outputs = None
 
-    def forward_backward(self, *, inputs: Any, adapter_name: str | None = None, task: str = "causal_lm",
+    def forward_backward(self, inputs: Any, *, adapter_name: str | None = None, task: str = "causal_lm",
                          **kwargs: Any) -> LazyFloat:
         """forward + loss + backward; returns the per-token mean loss of ``inputs`` (read lazily).
 
@@ -77,8 +77,12 @@ class TrainingMixin:
         """
         group = self._group(adapter_name)
         group.take_accumulation_steps(kwargs)
-        micro = int(kwargs.pop("num_microbatches", 1))
+        micro = kwargs.pop("num_microbatches", None)
         _check_task(task)
+        if micro is None and self.megatron_kwargs.micro_batch_size is not None:  # the constructor's setting
+            micro = self.megatron_kwargs.num_microbatches(len(inputs["input_ids"] if isinstance(inputs, dict)
+                                                              else inputs))
+        micro = int(micro or 1)
         if self.device_type == "cuda":
             from twinkle_megatron.model.schedule import schedule_forward_backward
 

@@ -3,6 +3,7 @@
 import torch
 
 from twinkle.model import TwinkleModel
+from twinkle.patch import Patch
 from twinkle.platform import Platform
 
 
@@ -49,10 +50,9 @@ class ExampleProcessor:
         return {"input_ids": torch.tensor([r["input_ids"] for r in rows])}
 
 
-class ExamplePatch:
-    def __call__(self, module):
+class ExamplePatch(Patch):
+    def apply(self, module):
         module.example_patched = True
-        return module
 
 
 def example_rms_norm(x, weight, eps=1e-6):

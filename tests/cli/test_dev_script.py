@@ -1,0 +1,61 @@
+"""``./dev``: hatch prepares the environment, then the command replaces the script, so its exit status is ours.
+
+A fake ``hatch`` (``HATCH=``) and a fake environment stand in for the real ones: what is tested is
+the script's plumbing (which binary runs, with which arguments, and what status comes back).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> dict[str, Path]:
+    envs = tmp_path / "envs"
+    log = tmp_path / "calls.log"
+    for name in ("default", "test"):
+        (envs / name / "bin").mkdir(parents=True)
+    # `hatch run ENV:python -c ""` syncs the environment; `hatch env find ENV` prints its directory
+    hatch = _script(tmp_path / "hatch", f'echo "hatch $*" >> {log}\n'
+                    f'if [ "$1 $2" = "env find" ]; then echo {envs}/$3; fi\n')
+    _script(envs / "default" / "bin" / "twinkle", f'echo "twinkle $*" >> {log}\n'
+            'case "$2" in --interrupt) exit 130 ;; --sigint) kill -INT $$ ;; esac\nexit 0\n')
+    _script(envs / "test" / "bin" / "python", f'echo "python $*" >> {log}\n'
+            'if [ "$1" = "-m" ]; then exit 5; fi\nexit 0\n')
+    return {"hatch": hatch, "log": log}
+
+
+def _dev(fake: dict[str, Path], *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HATCH": str(fake["hatch"])}
+    return subprocess.run([str(REPO / "dev"), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_train_runs_the_environment_binary_and_passes_its_status(fake):
+    assert _dev(fake, "train", "--total-step", "3").returncode == 0
+    calls = fake["log"].read_text().splitlines()
+    assert calls == ["hatch run default:python -c ", "hatch env find default", "twinkle train --total-step 3"]
+    assert _dev(fake, "train", "--interrupt").returncode == 130  # twinkle train's status after Ctrl-C
+
+
+def test_a_signal_is_not_turned_into_another_code(fake):
+    assert _dev(fake, "train", "--sigint").returncode == -signal.SIGINT
+
+
+def test_test_runs_pytest_with_the_arguments_and_returns_its_code(fake):
+    assert _dev(fake, "test", "-q", "tests/cli").returncode == 5
+    calls = fake["log"].read_text().splitlines()
+    assert calls[-2:] == ["python scripts/ensure_test_models.py", "python -m pytest -q tests/cli"]
