@@ -1,12 +1,14 @@
-"""shared_atomic_directory on one process: atomic_directory, then ``finish`` (2 ranks: test_collective_placement)."""
+"""shared_atomic_directory on one process: atomic_directory, then ``finish`` (2 ranks: test_collective_placement);
+its split form (shared_temporary / shared_commit) behind a PendingSave, whose writes finish later."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
-from twinkle.checkpoint import shared_atomic_directory
+from twinkle.checkpoint import PendingSave, shared_atomic_directory, shared_commit, shared_temporary
 
 
 def _listing(tmp: Path) -> None:
@@ -41,3 +43,32 @@ def test_a_failing_body_or_finish_leaves_the_previous_directory(tmp_path: Path) 
             (tmp / "weights").write_text("w")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert [p.name for p in final.iterdir()] == ["old"]
+
+
+def _pending(final: Path, future: Future, finish=None) -> tuple[PendingSave, Path]:
+    tmp = shared_temporary(final)
+    (tmp / "weights").write_text("w")
+    return PendingSave(str(final), [future], lambda ok: shared_commit(tmp, final, ok, finish)), tmp
+
+
+def test_a_pending_save_appears_under_its_name_only_when_its_writes_finished(tmp_path: Path) -> None:
+    final, future = tmp_path / "ckpt", Future()
+    pending, tmp = _pending(final, future, finish=_listing)
+    assert not pending.done() and not final.exists() and tmp.is_dir()
+    future.set_result(None)
+    assert pending.done() and pending.wait() == str(final)
+    assert (final / "manifest").read_text() == "weights" and not tmp.exists()
+    assert pending.wait() == str(final)  # once: a second wait changes nothing
+
+
+def test_a_failed_background_write_raises_in_wait_and_leaves_the_previous_directory(tmp_path: Path) -> None:
+    final, future = tmp_path / "ckpt", Future()
+    final.mkdir()
+    (final / "old").write_text("kept")
+    calls: list[Path] = []
+    pending, tmp = _pending(final, future, finish=calls.append)
+    future.set_exception(OSError("disk full"))
+    with pytest.raises(OSError, match="disk full"):
+        pending.wait()
+    assert calls == [] and not tmp.exists()  # the temporary directory is gone, finish never ran
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"] and [p.name for p in final.iterdir()] == ["old"]

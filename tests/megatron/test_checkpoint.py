@@ -100,3 +100,19 @@ def test_a_checkpoint_name_cannot_escape_output_dir(tmp_path):
     with pytest.raises(CheckpointError, match="would leave output_dir"):
         model.save("../outside", output_dir=str(tmp_path / "out"))
     assert not (tmp_path / "outside").exists()
+
+
+def test_a_checkpoint_carries_the_source_tokenizer_and_async_save_is_refused(tmp_path):
+    from transformers import AutoTokenizer
+
+    from twinkle.template import Template
+
+    source = save_hf(hf_model("qwen2"), tmp_path / "hf")
+    Template().tokenizer.save_pretrained(str(source))  # a model directory with its tokenizer, as on the hub
+    model = megatron_model(source)
+    path = model.save("with-tokenizer", output_dir=str(tmp_path / "out"))
+    tokenizer = AutoTokenizer.from_pretrained(path)  # the checkpoint directory is self-contained
+    assert tokenizer("hello")["input_ids"] == AutoTokenizer.from_pretrained(str(source))("hello")["input_ids"]
+    with pytest.raises(NotImplementedError, match="MegatronModel cannot save in the background"):
+        model.save("async", output_dir=str(tmp_path / "out"), async_save=True)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["with-tokenizer"]

@@ -38,6 +38,8 @@ def model():
      "30 tokens per row .* max_length=24"),
     (lambda m: m.forward(inputs=make_batch(1), adapter_name="lora_1"), KeyError, "'lora_1' is free"),
     (lambda m: m.load_lora("x", "/nonexistent/adapter"), CheckpointError, "adapter_config.json"),
+    (lambda m: m.save("a", "/nonexistent/out", adapter_name="a", async_save=True), NotImplementedError,
+     "MultiLoraTransformersModel cannot save in the background"),
 ])
 def test_bad_input_changes_nothing(model, call, error, words):
     before = _state(model)
