@@ -111,3 +111,25 @@ def test_twinkle_plugins_lists_the_built_in_patches():
     assert out.returncode == 0, out.stderr
     rows = {line.split()[1]: line.split()[2] for line in out.stdout.splitlines()[1:] if line.startswith("patch ")}
     assert rows["GradientCheckpointing"] == "twinkle-core" and rows["TransformersFusedCEPatch"] == "twinkle-hf"
+
+
+def test_a_multi_tenant_model_takes_gradient_checkpointing_with_the_same_losses():
+    """MultiLoraTransformersModel(gradient_checkpointing=True): the patch needs no tenant (there is none yet)."""
+    from twinkle.model import MultiLoraTransformersModel
+
+    losses = {}
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = MultiLoraTransformersModel(config=tiny_config(), mixed_precision="no", max_loras=2, max_r=4,
+                                           gradient_checkpointing=checkpointing)
+        assert model._hf_model().is_gradient_checkpointing is checkpointing
+        model.acquire_lora("t", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"), seed=1)
+        model.set_optimizer("AdamW", lr=1e-2, adapter_name="t")
+        losses[checkpointing] = []
+        with model.multi_lora.adapter("t"):
+            for step in range(2):
+                losses[checkpointing].append(float(model.forward_backward(make_batch(step))))
+                model.clip_grad_and_step()
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+    with pytest.raises(KeyError, match="nobody"):
+        model.apply_patch("GradientCheckpointing", adapter_name="nobody")  # a name given is still checked

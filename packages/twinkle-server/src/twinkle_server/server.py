@@ -41,14 +41,18 @@ def build_model(config: ServerConfig, targets: dict[str, list[str]]) -> Any:
         from twinkle.runtime import seed_everything
 
         seed_everything(server.seed)
-    return cls(model_id=config.model.model_id, mixed_precision=config.model.mixed_precision,
-               max_loras=server.max_tenants, max_r=server.max_rank, max_length=server.max_length,
-               target_modules=modules, **config.model.kwargs, **_infra.model_kwargs(_trainer_view(config)))
+    model = cls(model_id=config.model.model_id, mixed_precision=config.model.mixed_precision,
+                max_loras=server.max_tenants, max_r=server.max_rank, max_length=server.max_length,
+                target_modules=modules, **config.model.kwargs, **_infra.model_kwargs(_trainer_view(config), cls))
+    if config.model.gradient_checkpointing:  # the Trainer's model option, the same patch
+        model.apply_patch("GradientCheckpointing")
+    return model
 
 
 def _trainer_view(config: ServerConfig) -> Any:
-    """What ``twinkle.trainer._infra`` reads of a config (its ``infra`` and ``seed``): the same runtime set-up."""
-    return SimpleNamespace(infra=config.infra, seed=config.server.seed)
+    """What ``twinkle.trainer._infra`` reads of a config (``infra``, ``seed``, ``model``, ``strict_load``): the
+    same runtime set-up and model options as the Trainer's."""
+    return SimpleNamespace(infra=config.infra, seed=config.server.seed, model=config.model, strict_load=False)
 
 
 def build_service(config: ServerConfig) -> Service:

@@ -90,8 +90,11 @@ class ComponentsMixin:
         """Apply a patch (``twinkle.patch.Patch``, its name or class) to the wrapped model.
 
         Objects that are not ``Patch`` subclasses work too: ``patch.apply(module)`` or ``patch(module)``.
+        A patch changes the whole model, so no group is needed (a multi-tenant model has none at first);
+        an ``adapter_name`` given is checked.
         """
-        self._group(adapter_name)
+        if adapter_name is not None:
+            self._group(adapter_name)
         patch = build_component("patch", patch_cls, kwargs)
         apply = getattr(patch, "apply", None)
         if isinstance(patch, Patch):

@@ -56,10 +56,8 @@ def initialize(cfg: TrainerConfig) -> Any:
 
 def model_kwargs(cfg: TrainerConfig, model_cls: Any) -> dict[str, Any]:
     """Extra constructor arguments: ``remote_group`` in ray mode, and the options the model class takes."""
-    import inspect
-
     kwargs: dict[str, Any] = {"remote_group": RAY_GROUP} if cfg.infra.mode == "ray" else {}
-    accepted = inspect.signature(model_cls.__init__).parameters
+    accepted = _init_parameters(model_cls)
     if cfg.model.strategy is not None:
         if "strategy" not in accepted:
             raise ConfigError(f"model.strategy: {cfg.model.type} takes no strategy; leave it unset.")
@@ -67,6 +65,22 @@ def model_kwargs(cfg: TrainerConfig, model_cls: Any) -> dict[str, Any]:
     if "strict_load" in accepted:
         kwargs["strict_load"] = cfg.strict_load
     return kwargs
+
+
+def _init_parameters(model_cls: Any) -> set[str]:
+    """Named constructor parameters of ``model_cls``, following ``**kwargs`` handed on to a base class's."""
+    import inspect
+
+    names: set[str] = set()
+    for klass in model_cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        params = inspect.signature(init).parameters
+        names |= {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            break
+    return names
 
 
 def progress(cfg: TrainerConfig, model: Any, adapter: str | None) -> GroupProgress | CountedProgress:

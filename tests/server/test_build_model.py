@@ -1,0 +1,28 @@
+"""The served model is built with the Trainer's model options (strategy, gradient checkpointing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from twinkle.trainer._validate import ConfigError
+
+
+def _config(**model):
+    from twinkle_server.config import ServedModelConfig, ServerConfig, ServiceConfig
+
+    return ServerConfig(model=ServedModelConfig(mixed_precision="no", **model),
+                        server=ServiceConfig(max_tenants=2, max_rank=4))
+
+
+def test_the_model_options_of_the_trainer_apply_to_the_served_model():
+    from twinkle.hub import resolve_path
+    from twinkle_server.server import build_model
+    from twinkle_server.targets import layer_families
+
+    config = _config(gradient_checkpointing=True, strategy="native_fsdp")
+    targets = layer_families(resolve_path(config.model.model_id))
+    model = build_model(config, targets)
+    assert model.strategy == "native_fsdp" and model._hf_model().is_gradient_checkpointing
+    assert not build_model(_config(), targets)._hf_model().is_gradient_checkpointing
+    with pytest.raises(ConfigError, match="model.strategy: MultiLoraMegatronModel takes no strategy"):
+        build_model(_config(type="MultiLoraMegatronModel", strategy="native_fsdp"), targets)
