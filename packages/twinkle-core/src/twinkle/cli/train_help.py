@@ -137,7 +137,7 @@ def options_help(default_job: dict[str, Any] | None = None, config_cls: type | N
     """
     job = _flatten(default_job or {})
     lines = ["options (--field value or --group.field value; a field name alone when it is unique, e.g. "
-             "--max-length; --flag / --no-flag for booleans; --debug shows tracebacks)."]
+             "--max-length; --flag / --no-flag for booleans" + ("; --debug shows tracebacks)." if job else ").")]
     if job:
         lines.append("default: what `twinkle train` with no config file uses; [config: X]: what a config file "
                      "that leaves the field out gets.")
