@@ -106,6 +106,32 @@ def create_app(service: Service, keys: KeyStore) -> Any:
 
     Owner = Depends(owner)
 
+    def json_route(path: str, request_type: Any, handler: Any, field: str | None = None) -> None:
+        """POST ``path``: the body validated as ``request_type``, then ``handler(owner, body or body.field)``."""
+        async def route(request: Request, who: str = Owner) -> dict:
+            parsed = await body(request, request_type)
+            return handler(who, parsed if field is None else getattr(parsed, field))
+
+        app.post(path, name=handler.__name__)(route)
+
+    # JSON routes whose whole work is the service call: path -> (request type, handler[, the one field it takes])
+    for path, spec in {
+        "/api/v1/create_session": (types.CreateSessionRequest, service.create_session),
+        "/api/v1/session_heartbeat": (types.SessionHeartbeatRequest, service.heartbeat, "session_id"),
+        "/api/v1/create_model": (types.CreateModelRequest, service.create_model),
+        "/api/v1/get_info": (types.GetInfoRequest, service.get_info, "model_id"),
+        "/api/v1/unload_model": (types.UnloadModelRequest, service.unload_model, "model_id"),
+        "/api/v1/optim_step": (types.OptimStepRequest, service.optim_step),
+        "/api/v1/save_weights": (types.SaveWeightsRequest, service.save_weights),
+        "/api/v1/save_weights_for_sampler": (types.SaveWeightsForSamplerRequest, service.save_weights_for_sampler),
+        "/api/v1/load_weights": (types.LoadWeightsRequest, service.load_weights),
+        "/api/v1/create_sampling_session": (types.CreateSamplingSessionRequest, service.create_sampling_session),
+        "/api/v1/join_sampling_session": (types.JoinSamplingSessionRequest, service.join_sampling_session,
+                                          "sampling_session_id"),
+        "/api/v1/asample": (types.SampleRequest, service.asample),
+    }.items():
+        json_route(path, *spec)
+
     # --------------------------------------------------------------- service
     @app.get("/api/v1/healthz")
     async def healthz() -> dict:
@@ -136,14 +162,6 @@ def create_app(service: Service, keys: KeyStore) -> Any:
         return PlainTextResponse(service.metrics.prometheus(owner=who))
 
     # --------------------------------------------------------------- sessions
-    @app.post("/api/v1/create_session")
-    async def create_session(request: Request, who: str = Owner) -> dict:
-        return service.create_session(who, await body(request, types.CreateSessionRequest))
-
-    @app.post("/api/v1/session_heartbeat")
-    async def heartbeat(request: Request, who: str = Owner) -> dict:
-        return service.heartbeat(who, (await body(request, types.SessionHeartbeatRequest)).session_id)
-
     @app.post("/api/v1/sessions/{session_id}/finish")
     async def finish_session(session_id: str, who: str = Owner) -> dict:
         service.finish_session(who, session_id)
@@ -157,29 +175,12 @@ def create_app(service: Service, keys: KeyStore) -> Any:
     async def list_sessions(who: str = Owner, limit: int = 20, offset: int = 0) -> dict:
         return {"sessions": service.store.sessions(who)[offset:offset + limit]}
 
-    # ----------------------------------------------------------------- models
-    @app.post("/api/v1/create_model")
-    async def create_model(request: Request, who: str = Owner) -> dict:
-        return service.create_model(who, await body(request, types.CreateModelRequest))
-
-    @app.post("/api/v1/get_info")
-    async def get_info(request: Request, who: str = Owner) -> dict:
-        return service.get_info(who, (await body(request, types.GetInfoRequest)).model_id)
-
-    @app.post("/api/v1/unload_model")
-    async def unload_model(request: Request, who: str = Owner) -> dict:
-        return service.unload_model(who, (await body(request, types.UnloadModelRequest)).model_id)
-
     # --------------------------------------------------------------- training
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request, who: str = Owner) -> dict:
         if PROTO not in request.headers.get("content-type", ""):
             raise ApiError(415, f"forward_backward takes a protobuf ForwardBackwardRequest (Content-Type: {PROTO}).")
         return service.forward_backward(who, await request.body())
-
-    @app.post("/api/v1/optim_step")
-    async def optim_step(request: Request, who: str = Owner) -> dict:
-        return service.optim_step(who, await body(request, types.OptimStepRequest))
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request, who: str = Owner) -> Response:
@@ -191,18 +192,6 @@ def create_app(service: Service, keys: KeyStore) -> Any:
         return JSONResponse(result, status_code=status)
 
     # ------------------------------------------------------------ checkpoints
-    @app.post("/api/v1/save_weights")
-    async def save_weights(request: Request, who: str = Owner) -> dict:
-        return service.save_weights(who, await body(request, types.SaveWeightsRequest))
-
-    @app.post("/api/v1/save_weights_for_sampler")
-    async def save_for_sampler(request: Request, who: str = Owner) -> dict:
-        return service.save_weights_for_sampler(who, await body(request, types.SaveWeightsForSamplerRequest))
-
-    @app.post("/api/v1/load_weights")
-    async def load_weights(request: Request, who: str = Owner) -> dict:
-        return service.load_weights(who, await body(request, types.LoadWeightsRequest))
-
     @app.get("/api/v1/training_runs/{model_id}/checkpoints")
     async def list_checkpoints(model_id: str, who: str = Owner) -> dict:
         return service.list_checkpoints(who, model_id)
@@ -234,21 +223,8 @@ def create_app(service: Service, keys: KeyStore) -> Any:
         return service.weights_info(who, path)
 
     # --------------------------------------------------------------- sampling
-    @app.post("/api/v1/create_sampling_session")
-    async def create_sampling_session(request: Request, who: str = Owner) -> dict:
-        return service.create_sampling_session(who, await body(request, types.CreateSamplingSessionRequest))
-
-    @app.post("/api/v1/join_sampling_session")
-    async def join_sampling_session(request: Request, who: str = Owner) -> dict:
-        parsed = await body(request, types.JoinSamplingSessionRequest)
-        return service.join_sampling_session(who, parsed.sampling_session_id)
-
     @app.get("/api/v1/samplers/{sampler_id}")
     async def get_sampler(sampler_id: str, who: str = Owner) -> dict:
         return service.sampler_info(who, sampler_id)
-
-    @app.post("/api/v1/asample")
-    async def asample(request: Request, who: str = Owner) -> dict:
-        return service.asample(who, await body(request, types.SampleRequest))
 
     return BodyLimit(app, service.config.server.max_request_bytes)
