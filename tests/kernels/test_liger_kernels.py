@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from twinkle.kernel import kernel_report, kernelize, select_choice, unkernelize
-from twinkle_hf.kernels import liger_choices
+from twinkle.kernel.choice import load_ref
+from twinkle_hf.plugin import register_kernels
 
 LIGER_INSTALLED = importlib.util.find_spec("liger_kernel") is not None
 LIGER_OPS = ("rms_norm", "swiglu", "rotary_embedding", "fused_linear_cross_entropy")
-CHOICES = [getattr(liger_choices, attr) for attr in liger_choices.REGISTERED.values()]
+CHOICES = [load_ref(ref) for ref in register_kernels().values()]  # what twinkle-hf registers
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

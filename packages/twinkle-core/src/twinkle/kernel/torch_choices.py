@@ -20,13 +20,3 @@ TORCH_CROSS_ENTROPY = KernelChoice(op="cross_entropy", function="twinkle.kernel.
 TORCH_FUSED_LINEAR_CROSS_ENTROPY = KernelChoice(
     op="fused_linear_cross_entropy", function="twinkle.kernel.fused_linear_ce:fused_linear_cross_entropy",
     description="chunked over tokens, never materialises the (N, V) logits", **_TORCH)
-
-#: registry name -> attribute of this module (what core's register_kernels hook returns)
-REGISTERED = {
-    "torch.rms_norm": "TORCH_RMS_NORM",
-    "torch.swiglu": "TORCH_SWIGLU",
-    "torch.rotary_embedding": "TORCH_ROTARY_EMBEDDING",
-    "torch.attention": "TORCH_ATTENTION",
-    "torch.cross_entropy": "TORCH_CROSS_ENTROPY",
-    "torch.fused_linear_cross_entropy": "TORCH_FUSED_LINEAR_CROSS_ENTROPY",
-}

@@ -36,11 +36,3 @@ LIGER_ROTARY_EMBEDDING = KernelChoice(op="rotary_embedding", function=f"{_OPS}:a
 LIGER_FUSED_LINEAR_CROSS_ENTROPY = KernelChoice(op="fused_linear_cross_entropy",
                                                 function=f"{_OPS}:fused_linear_cross_entropy",
                                                 description="LigerFusedLinearCrossEntropyFunction", **_LIGER)
-
-#: registry name -> attribute (what twinkle-hf's register_kernels hook returns)
-REGISTERED = {
-    "liger.rms_norm": "LIGER_RMS_NORM",
-    "liger.swiglu": "LIGER_SWIGLU",
-    "liger.rotary_embedding": "LIGER_ROTARY_EMBEDDING",
-    "liger.fused_linear_cross_entropy": "LIGER_FUSED_LINEAR_CROSS_ENTROPY",
-}
