@@ -13,6 +13,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, Union
 
+from twinkle.cli.args_schema import FALSE_WORDS, TRUE_WORDS
 from twinkle.errors import TwinkleError
 
 
@@ -69,27 +70,17 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-            return value.lower() in ("true", "1", "yes", "on")
+        if isinstance(value, str) and value.lower() in (*TRUE_WORDS, *FALSE_WORDS):
+            return value.lower() in TRUE_WORDS
         raise ConfigError(f"{where}: expected a boolean, got {value!r}.")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
+    if tp in (int, float):  # an int is a valid float, a bool is neither; strings from a command line are parsed
+        native = (int,) if tp is int else (int, float)
+        if isinstance(value, str) or (isinstance(value, native) and not isinstance(value, bool)):
             try:
-                return int(value)
+                return tp(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{where}: expected an integer, got {value!r}.")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}.")
+        raise ConfigError(f"{where}: expected {'an integer' if tp is int else 'a number'}, got {value!r}.")
     if tp is str:
         if isinstance(value, str):
             return value
