@@ -7,7 +7,7 @@ the layers in increasing precedence: defaults < ``--config`` file < ``TWINKLE_*`
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,49 +86,43 @@ def load_config(path: str | Path, schema: Schema) -> Layer:
     path = Path(path).expanduser()
     suffix = path.suffix.lower()
     if suffix not in (".yaml", ".yml", ".toml"):
-        raise CLIError(f"--config {path}: expected a .yaml, .yml or .toml file.", option="--config", value=str(path))
+        raise _config_error(path, "expected a .yaml, .yml or .toml file.")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise CLIError(f"--config {path}: cannot read it ({exc.strerror or exc}).", option="--config",
-                       value=str(path)) from None
-    if suffix == ".toml":
-        data = _load_toml(text, path)
-    else:
-        data = _load_yaml(text, path)
+        raise _config_error(path, f"cannot read it ({exc.strerror or exc}).") from None
+    loads, parse_error, kind = _parser(suffix, path)
+    try:
+        data = loads(text)
+    except parse_error as exc:
+        raise _config_error(path, f"not valid {kind}: {exc}.") from None
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise CLIError(f"--config {path}: the top level must be a mapping of groups, got {type(data).__name__}.",
-                       option="--config", value=str(path))
+        raise _config_error(path, f"the top level must be a mapping of groups, got {type(data).__name__}.")
     return from_mapping(schema, data, str(path))
 
 
-def _load_toml(text: str, path: Path) -> Any:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - exercised on Python 3.10 only
-        try:
-            import tomli as tomllib
-        except ImportError:
-            raise CLIError(f"--config {path}: reading TOML on Python 3.10 needs tomli: pip install tomli.",
-                           option="--config", value=str(path)) from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise CLIError(f"--config {path}: not valid TOML: {exc}.", option="--config", value=str(path)) from None
+def _config_error(path: Path, message: str) -> CLIError:
+    return CLIError(f"--config {path}: {message}", option="--config", value=str(path))
 
 
-def _load_yaml(text: str, path: Path) -> Any:
+def _parser(suffix: str, path: Path) -> tuple[Callable[[str], Any], type[Exception], str]:
+    """(loads, its error type, the format's name) for a config file; a missing library names its package."""
+    if suffix == ".toml":
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - exercised on Python 3.10 only
+            try:
+                import tomli as tomllib
+            except ImportError:
+                raise _config_error(path, "reading TOML on Python 3.10 needs tomli: pip install tomli.") from None
+        return tomllib.loads, tomllib.TOMLDecodeError, "TOML"
     try:
         import yaml
     except ImportError:
-        raise CLIError(f"--config {path}: reading YAML needs PyYAML: pip install pyyaml (or use a .toml file).",
-                       option="--config", value=str(path)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CLIError(f"--config {path}: not valid YAML: {exc}", option="--config", value=str(path)) from None
+        raise _config_error(path, "reading YAML needs PyYAML: pip install pyyaml (or use a .toml file).") from None
+    return yaml.safe_load, yaml.YAMLError, "YAML"
 
 
 def from_env(schema: Schema, environ: Mapping[str, str]) -> Layer:
