@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -106,6 +107,7 @@ def create_app(service: Service, keys: KeyStore) -> Any:
 
     Owner = Depends(owner)
 
+    # ------------------------------------------------- routes that only call the service
     def json_route(path: str, request_type: Any, handler: Any, field: str | None = None) -> None:
         """POST ``path``: the body validated as ``request_type``, then ``handler(owner, body or body.field)``."""
         async def route(request: Request, who: str = Owner) -> dict:
@@ -132,7 +134,28 @@ def create_app(service: Service, keys: KeyStore) -> Any:
     }.items():
         json_route(path, *spec)
 
-    # --------------------------------------------------------------- service
+    def path_route(method: str, path: str, handler: Any) -> None:
+        """``method path``: ``handler(owner, *path parameters in path order)``; a handler's None answers ``{}``."""
+        names = re.findall(r"{(\w+)", path)
+
+        async def route(request: Request, who: str = Owner) -> dict:
+            result = handler(who, *(request.path_params[name] for name in names))
+            return {} if result is None else result
+
+        app.add_api_route(path, route, methods=[method], name=handler.__name__)
+
+    # routes whose path parameters are the whole request
+    for method, path, handler in (
+        ("POST", "/api/v1/sessions/{session_id}/finish", service.finish_session),
+        ("GET", "/api/v1/sessions/{session_id}", service.session_info),
+        ("GET", "/api/v1/training_runs/{model_id}/checkpoints", service.list_checkpoints),
+        ("DELETE", "/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}", service.delete_checkpoint),
+        ("GET", "/api/v1/training_runs/{model_id}", service.training_run),
+        ("GET", "/api/v1/samplers/{sampler_id}", service.sampler_info),
+    ):
+        path_route(method, path, handler)
+
+    # ------------------------------------------------------------------ service
     @app.get("/api/v1/healthz")
     async def healthz() -> dict:
         return {"status": "ok"}
@@ -161,21 +184,7 @@ def create_app(service: Service, keys: KeyStore) -> Any:
     async def metrics(who: str = Owner) -> PlainTextResponse:
         return PlainTextResponse(service.metrics.prometheus(owner=who))
 
-    # --------------------------------------------------------------- sessions
-    @app.post("/api/v1/sessions/{session_id}/finish")
-    async def finish_session(session_id: str, who: str = Owner) -> dict:
-        service.finish_session(who, session_id)
-        return {}
-
-    @app.get("/api/v1/sessions/{session_id}")
-    async def get_session(session_id: str, who: str = Owner) -> dict:
-        return service.session_info(who, session_id)
-
-    @app.get("/api/v1/sessions")
-    async def list_sessions(who: str = Owner, limit: int = 20, offset: int = 0) -> dict:
-        return {"sessions": service.store.sessions(who)[offset:offset + limit]}
-
-    # --------------------------------------------------------------- training
+    # ------------------------------------------------- training and checkpoints
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request, who: str = Owner) -> dict:
         if PROTO not in request.headers.get("content-type", ""):
@@ -191,28 +200,6 @@ def create_app(service: Service, keys: KeyStore) -> Any:
             return Response(result, status_code=status, media_type=PROTO)
         return JSONResponse(result, status_code=status)
 
-    # ------------------------------------------------------------ checkpoints
-    @app.get("/api/v1/training_runs/{model_id}/checkpoints")
-    async def list_checkpoints(model_id: str, who: str = Owner) -> dict:
-        return service.list_checkpoints(who, model_id)
-
-    @app.delete("/api/v1/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
-    async def delete_checkpoint(model_id: str, checkpoint_id: str, who: str = Owner) -> dict:
-        service.delete_checkpoint(who, model_id, checkpoint_id)
-        return {}
-
-    @app.get("/api/v1/training_runs/{model_id}")
-    async def training_run(model_id: str, who: str = Owner) -> dict:
-        return service.training_run(who, model_id)
-
-    @app.get("/api/v1/training_runs")
-    async def training_runs(who: str = Owner, limit: int = 20, offset: int = 0) -> dict:
-        return service.training_runs(who, limit, offset)
-
-    @app.get("/api/v1/checkpoints")
-    async def user_checkpoints(who: str = Owner, limit: int = 100, offset: int = 0) -> dict:
-        return service.list_user_checkpoints(who, limit, offset)
-
     @app.post("/api/v1/weights_info")
     async def weights_info(request: Request, who: str = Owner) -> dict:
         raw = await request.body()
@@ -222,9 +209,17 @@ def create_app(service: Service, keys: KeyStore) -> Any:
             raise ApiError(400, 'weights_info takes {"tinker_path": "tinker://..."}.') from None
         return service.weights_info(who, path)
 
-    # --------------------------------------------------------------- sampling
-    @app.get("/api/v1/samplers/{sampler_id}")
-    async def get_sampler(sampler_id: str, who: str = Owner) -> dict:
-        return service.sampler_info(who, sampler_id)
+    # ---------------------------------------------------------- paginated lists
+    @app.get("/api/v1/sessions")
+    async def list_sessions(who: str = Owner, limit: int = 20, offset: int = 0) -> dict:
+        return {"sessions": service.store.sessions(who)[offset:offset + limit]}
+
+    @app.get("/api/v1/training_runs")
+    async def training_runs(who: str = Owner, limit: int = 20, offset: int = 0) -> dict:
+        return service.training_runs(who, limit, offset)
+
+    @app.get("/api/v1/checkpoints")
+    async def user_checkpoints(who: str = Owner, limit: int = 100, offset: int = 0) -> dict:
+        return service.list_user_checkpoints(who, limit, offset)
 
     return BodyLimit(app, service.config.server.max_request_bytes)
