@@ -15,11 +15,12 @@ from collections.abc import Sequence
 
 import torch
 
+from twinkle.utils.checks import check_int
+
 
 def _groups(rewards: Sequence[float] | torch.Tensor, group_size: int, name: str, minimum: int = 1) -> torch.Tensor:
     values = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < minimum:
-        raise ValueError(f"{name}: group_size must be an integer >= {minimum}, got {group_size!r}.")
+    check_int(group_size, f"{name}: group_size", minimum)
     if values.numel() == 0 or values.numel() % group_size:
         raise ValueError(f"{name}: {values.numel()} rewards are not whole groups of {group_size}; give every prompt's "
                          "samples together, in the order the sampler returned them.")

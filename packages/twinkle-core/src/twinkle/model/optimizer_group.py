@@ -32,6 +32,7 @@ from typing import Any
 from twinkle.errors import TwinkleError
 from twinkle.log import get_logger
 from twinkle.metric import Metric, default_metrics
+from twinkle.utils.checks import check_int
 
 logger = get_logger()
 
@@ -54,9 +55,7 @@ def at_least_one(count: Any) -> Any:
 
 def check_accumulation_steps(value: Any) -> int:
     """``gradient_accumulation_steps`` must be a positive int; say so clearly otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}.")
-    return value
+    return check_int(value, "gradient_accumulation_steps")
 
 
 _ADAPTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
@@ -115,10 +114,7 @@ def check_optimizer_params(optimizer: Any, group_params: Any, group_name: str,
 
 def check_max_consecutive_skips(value: Any) -> int:
     """``max_consecutive_skips`` must be a positive int."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"max_consecutive_skips must be an integer >= 1 (skipped steps in a row before training "
-                         f"stops), got {value!r}.")
-    return value
+    return check_int(value, "max_consecutive_skips", hint=" (skipped steps in a row before training stops)")
 
 
 @dataclass

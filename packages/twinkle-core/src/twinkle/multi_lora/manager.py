@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from twinkle.model.optimizer_group import check_adapter_name
+from twinkle.utils.checks import check_int
 
 
 @dataclass
@@ -68,8 +69,7 @@ class MultiLora:
     def __init__(self, backend: SlotBackend, max_loras: int, max_r: int, slot_config: Any,
                  prefix: str = "lora_") -> None:
         for option, value in (("max_loras", max_loras), ("max_r", max_r)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{option} must be an integer >= 1, got {value!r}.")
+            check_int(value, option)
         self.backend = backend
         self.max_loras = max_loras
         self.max_r = max_r

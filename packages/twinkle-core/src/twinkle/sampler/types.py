@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from twinkle.utils.checks import check_int
+
 StopReason = Literal["stop", "length"]
 
 
@@ -28,12 +30,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        def positive_int(name: str, value: object) -> None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SamplingParams.{name} must be an integer >= 1, got {value!r}.")
-
-        positive_int("max_tokens", self.max_tokens)
-        positive_int("n", self.n)
+        check_int(self.max_tokens, "SamplingParams.max_tokens")
+        check_int(self.n, "SamplingParams.n")
         if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
             raise ValueError(f"SamplingParams.temperature must be >= 0 (0 is greedy), got {self.temperature!r}.")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):

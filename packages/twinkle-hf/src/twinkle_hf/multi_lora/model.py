@@ -26,6 +26,7 @@ from twinkle.model.lora_targets import with_default_targets
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multi_lora import LoraTenant, MultiLora, serialize_calls
 from twinkle.remote import remote_class
+from twinkle.utils.checks import check_int
 from twinkle_hf.model.transformers_model import TransformersModel
 from twinkle_hf.multi_lora.batched import BatchedMixin
 from twinkle_hf.multi_lora.slots import LoraSlots, Route, matches
@@ -54,11 +55,8 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
                  max_length: int = 8192,
                  target_modules: Any = "all-linear",
                  **kwargs: Any) -> None:
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-            raise ValueError(f"max_length must be an integer >= 1, got {max_length!r}.")
-        for option, value in (("max_loras", max_loras), ("max_r", max_r)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{option} must be an integer >= 1, got {value!r}.")
+        for option, value in (("max_length", max_length), ("max_loras", max_loras), ("max_r", max_r)):
+            check_int(value, option)
         if kwargs.get("memory_efficient_init"):
             raise ValueError("memory_efficient_init=True is not supported by MultiLoraTransformersModel yet "
                                       "(slots snapshot their initial weights at construction); leave it False.")

@@ -23,6 +23,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from twinkle.utils.checks import check_int
 from twinkle_megatron.build import split_megatron_kwargs
 
 #: arguments that configure no megatron-core dataclass but the schedule, or spell another field
@@ -57,8 +58,8 @@ def split_kwargs(kwargs: dict[str, Any]) -> MegatronKwargs:
 
     rest = dict(kwargs)
     micro = rest.pop("micro_batch_size", None)
-    if micro is not None and (isinstance(micro, bool) or not isinstance(micro, int) or micro < 1):
-        raise ValueError(f"micro_batch_size must be an integer >= 1, got {micro!r}.")
+    if micro is not None:
+        check_int(micro, "micro_batch_size")
     if rest.pop("recompute_activations", False):
         rest.setdefault("recompute_granularity", "selective")
     transformer = split_megatron_kwargs(rest)

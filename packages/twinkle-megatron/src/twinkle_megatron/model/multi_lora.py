@@ -21,16 +21,12 @@ from twinkle.model.inputs import check_row_length
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multi_lora import LoraTenant, MultiLora, serialize_calls
 from twinkle.remote import remote_class
+from twinkle.utils.checks import check_int
 from twinkle_megatron.lora.inject import adapter_parameters, check_lora_config, target_suffixes, with_default_targets
 from twinkle_megatron.lora.peft_io import read_adapter
 from twinkle_megatron.lora.slots import MegatronSlots
 from twinkle_megatron.model.groups import _adapter_source
 from twinkle_megatron.model.megatron_model import MegatronModel
-
-
-def _positive_int(option: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{option} must be an integer >= 1, got {value!r}.")
 
 
 class MultiLoraMegatronModel(MegatronModel):
@@ -54,7 +50,7 @@ class MultiLoraMegatronModel(MegatronModel):
         from peft import LoraConfig
 
         for option, value in (("max_loras", max_loras), ("max_r", max_r), ("max_length", max_length)):
-            _positive_int(option, value)
+            check_int(value, option)
         slot_config = LoraConfig(r=max_r, lora_alpha=max_r, lora_dropout=0.0, target_modules=target_modules)
         check_lora_config(slot_config)
         target_suffixes(slot_config)  # unmappable target_modules refused before any weight loads

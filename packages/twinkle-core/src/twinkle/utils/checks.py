@@ -1,0 +1,15 @@
+"""Argument checks shared by every component, so one kind of bad value gets one kind of message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def check_int(value: Any, name: str, minimum: int = 1, hint: str = "") -> int:
+    """``value`` if it is an int (a bool is not) of at least ``minimum``; else a ValueError naming ``name``.
+
+    ``hint`` follows the bound in the message, e.g. ``" (skipped steps in a row before training stops)"``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}{hint}, got {value!r}.")
+    return value
