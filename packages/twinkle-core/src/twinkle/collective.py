@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from twinkle.utils.checks import check_choice
+
 _DATA_GROUP: Any = None
 _OPS = ("sum", "max", "min")
 
@@ -93,8 +95,7 @@ def _move_in(tensor: torch.Tensor, owned: bool = False) -> torch.Tensor:
 
 
 def _reduce_op(op: str) -> Any:
-    if op not in _OPS:
-        raise ValueError(f"op={op!r} is not one of {', '.join(_OPS)}.")
+    check_choice(op, "op", _OPS)
     import torch.distributed as dist
 
     return {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]

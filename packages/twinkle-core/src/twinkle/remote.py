@@ -14,17 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from twinkle.utils.checks import check_choice
+
 DISPATCH = ("all", "slice", "slice_dp")
 EXECUTE = ("all", "first", "rank0")
 COLLECT = ("none", "first", "list", "flatten", "mean", "sum")
 
 T = TypeVar("T", bound=type)
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _check(option: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{option}={value!r} is not one of {', '.join(allowed)}.")
 
 
 @dataclass(frozen=True)
@@ -55,9 +52,9 @@ def remote_function(
     dispatch: str = "all", execute: str = "all", collect: str = "first", sync: bool = True
 ) -> Callable[[F], F]:
     """Mark a method of a remote class with its dispatch/execute/collect policy."""
-    _check("dispatch", dispatch, DISPATCH)
-    _check("execute", execute, EXECUTE)
-    _check("collect", collect, COLLECT)
+    check_choice(dispatch, "dispatch", DISPATCH)
+    check_choice(execute, "execute", EXECUTE)
+    check_choice(collect, "collect", COLLECT)
     spec = RemoteFunctionSpec(dispatch, execute, collect, sync)
 
     def decorate(fn: F) -> F:
@@ -75,7 +72,7 @@ def remote_class(execute: str = "all") -> Callable[[T], T]:
     mode (and inside those actors) the object is built as usual and ``self.remote_group`` records
     the group, which must exist if groups were declared.
     """
-    _check("execute", execute, EXECUTE)
+    check_choice(execute, "execute", EXECUTE)
     spec = RemoteClassSpec(execute)
 
     def decorate(cls: T) -> T:

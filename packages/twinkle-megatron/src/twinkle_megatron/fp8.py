@@ -11,6 +11,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any
 
+from twinkle.utils.checks import check_choice
 from twinkle_megatron.te import import_te
 
 FORMATS = ("HYBRID", "E4M3")
@@ -21,9 +22,7 @@ class TransformerEngineFP8:
 
     def __init__(self, fp8_format: str = "HYBRID", amax_history_len: int = 1024,
                  amax_compute_algo: str = "max", margin: int = 0) -> None:
-        if fp8_format not in FORMATS:
-            raise ValueError(f"fp8_format={fp8_format!r} is not one of {', '.join(FORMATS)}.")
-        self.fp8_format = fp8_format
+        self.fp8_format = check_choice(fp8_format, "fp8_format", FORMATS)
         self.amax_history_len = amax_history_len
         self.amax_compute_algo = amax_compute_algo
         self.margin = margin

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -12,4 +13,11 @@ def check_int(value: Any, name: str, minimum: int = 1, hint: str = "") -> int:
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}{hint}, got {value!r}.")
+    return value
+
+
+def check_choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
+    """``value`` if it is one of ``choices``; else a ValueError listing them."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(map(str, choices))}.")
     return value

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from twinkle.log import get_logger
 from twinkle.mesh import DeviceMesh
+from twinkle.utils.checks import check_choice
 
 logger = get_logger("twinkle_hf")
 
@@ -47,8 +48,7 @@ def env_world_size() -> int:
 
 def make_plan(strategy: str, mesh: DeviceMesh | None, world_size: int | None = None) -> DistributedPlan:
     """The plan for ``strategy`` over ``mesh`` on ``world_size`` processes (default ``WORLD_SIZE``)."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}.")
+    check_choice(strategy, "strategy", STRATEGIES)
     world = env_world_size() if world_size is None else world_size
     if mesh is None:
         mesh = DeviceMesh.from_sizes(world_size=world)

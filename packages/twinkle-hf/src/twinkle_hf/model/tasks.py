@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from twinkle.utils.checks import check_choice
 from twinkle_hf.model.inputs import accepts, model_kwargs
 
 TASKS = ("causal_lm", "embedding", "fused_lm_ce")
@@ -23,9 +24,7 @@ POOLINGS = ("mean", "last", "cls")
 
 
 def check_task(task: str) -> str:
-    if task not in TASKS:
-        raise ValueError(f"task={task!r} is not one of {', '.join(TASKS)}.")
-    return task
+    return check_choice(task, "task", TASKS)
 
 
 def is_causal_model(module: torch.nn.Module) -> bool:
@@ -96,8 +95,7 @@ def _identity(hidden: torch.Tensor) -> torch.Tensor:
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
     """One vector per row from ``hidden`` (rows, tokens, dim), ignoring padding."""
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling={pooling!r} is not one of {', '.join(POOLINGS)}.")
+    check_choice(pooling, "pooling", POOLINGS)
     if attention_mask is None or attention_mask.dim() != 2:
         attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
     mask = attention_mask.to(hidden.device)
