@@ -185,17 +185,16 @@ class OptimizerGroup:
     # ------------------------------------------------------------ accumulation
     def take_accumulation_steps(self, kwargs: dict[str, Any]) -> None:
         """Apply a ``gradient_accumulation_steps=`` given to any stepping call (and remove it from kwargs)."""
-        if "gradient_accumulation_steps" in kwargs:
-            value = kwargs.pop("gradient_accumulation_steps")
-            if value is not None:
-                self.gradient_accumulation_steps = check_accumulation_steps(value)
+        self._take_option(kwargs, "gradient_accumulation_steps", check_accumulation_steps)
 
     def take_skip_limit(self, kwargs: dict[str, Any]) -> None:
         """Apply a ``max_consecutive_skips=`` given to a stepping call (and remove it from kwargs)."""
-        if "max_consecutive_skips" in kwargs:
-            value = kwargs.pop("max_consecutive_skips")
-            if value is not None:
-                self.max_consecutive_skips = check_max_consecutive_skips(value)
+        self._take_option(kwargs, "max_consecutive_skips", check_max_consecutive_skips)
+
+    def _take_option(self, kwargs: dict[str, Any], name: str, check: Any) -> None:
+        value = kwargs.pop(name, None)
+        if value is not None:
+            setattr(self, name, check(value))
 
     def backward_divisor(self, num_items: Any) -> Any:
         """What this micro-batch's loss sum is divided by before backward (see module docstring).
