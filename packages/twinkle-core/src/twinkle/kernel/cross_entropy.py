@@ -7,7 +7,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from twinkle.constants import IGNORE_INDEX
+
 REDUCTIONS = ("mean", "sum")
 
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from twinkle.kernel.cross_entropy import IGNORE_INDEX, FusedCEOutput, check_reduction
+from twinkle.constants import IGNORE_INDEX
+from twinkle.kernel.cross_entropy import FusedCEOutput, check_reduction
 
 #: default chunk: about this many logits elements (2**26 fp32 = 256 MiB) per chunk
 DEFAULT_CHUNK_ELEMENTS = 1 << 26

@@ -7,7 +7,8 @@ accumulation; calling the loss applies its ``reduction``.
 
 from __future__ import annotations
 
-from twinkle.loss.base import IGNORE_INDEX, Loss
+from twinkle.constants import IGNORE_INDEX
+from twinkle.loss.base import Loss
 from twinkle.loss.cross_entropy import CrossEntropyLoss
 from twinkle.loss.grpo import BNPOLoss, DrGRPOLoss, GRPOLoss, GSPOLoss
 from twinkle.loss.infonce import InfoNCELoss

@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-IGNORE_INDEX = -100
 REDUCTIONS = ("mean", "sum")
 
 

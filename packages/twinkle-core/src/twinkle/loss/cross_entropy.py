@@ -8,7 +8,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from twinkle.loss.base import IGNORE_INDEX, Loss, output_field
+from twinkle.constants import IGNORE_INDEX
+from twinkle.loss.base import Loss, output_field
 
 
 class CrossEntropyLoss(Loss):

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from twinkle.loss.base import IGNORE_INDEX
+from twinkle.constants import IGNORE_INDEX
 
 #: The fields a loss may read per token (besides target_tokens/labels and weights).
 TOKEN_FIELDS = ("logprobs", "advantages", "ref_logprobs")

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from twinkle.constants import IGNORE_INDEX
 from twinkle.metric.base import Metric
-
-IGNORE_INDEX = -100
 
 
 def _logits(outputs: Any) -> Any:

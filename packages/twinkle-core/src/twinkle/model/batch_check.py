@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-IGNORE_INDEX = -100
+from twinkle.constants import IGNORE_INDEX
 
 
 def check_batch(batch: Mapping[str, Any], vocab_size: int | None = None, loss: Any = None) -> Mapping[str, Any]:

@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from twinkle.constants import IGNORE_INDEX
 from twinkle.dataset.errors import DataError
 from twinkle.multimodal.media import has_media
 
-IGNORE_INDEX = -100
 PADDING_SIDES = ("right", "left")
 #: per-token fields carried along input_ids (padding value 0); the others are floats
 TOKEN_FIELDS = ("target_tokens", "weights", "logprobs", "advantages", "ref_logprobs")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from twinkle.constants import IGNORE_INDEX
 from twinkle.dataset.errors import DataError
 
-IGNORE_INDEX = -100
 TRUNCATION_STRATEGIES = ("raise", "left", "right", "delete")
 
 

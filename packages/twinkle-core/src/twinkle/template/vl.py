@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from twinkle.constants import IGNORE_INDEX
 from twinkle.dataset.errors import DataError
 from twinkle.template import chat_templates
 from twinkle.template.base import EncodeResult, Template
-from twinkle.template.labels import IGNORE_INDEX, labels_from_spans
+from twinkle.template.labels import labels_from_spans
 from twinkle.template.qwen import Qwen3_5Template
 from twinkle.template.spans import Conversation, Span
 

@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
+from twinkle.constants import IGNORE_INDEX
 from twinkle.kernel import KernelChoice, chain_for
 from twinkle.kernel.config import normalize_config
 from twinkle.kernel.cross_entropy import FusedCEOutput
 from twinkle.log import get_logger
-from twinkle.loss.base import IGNORE_INDEX, Loss
+from twinkle.loss.base import Loss
 
 OP = "fused_linear_cross_entropy"
 logger = get_logger("twinkle.kernel")

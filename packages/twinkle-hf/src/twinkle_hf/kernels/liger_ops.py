@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from twinkle.kernel.cross_entropy import IGNORE_INDEX, FusedCEOutput, check_reduction
+from twinkle.constants import IGNORE_INDEX
+from twinkle.kernel.cross_entropy import FusedCEOutput, check_reduction
 from twinkle.kernel.probes import rms_norm_spec
 
 

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from twinkle import collective
+from twinkle.constants import IGNORE_INDEX
 from twinkle.loss import CrossEntropyLoss
-from twinkle.loss.base import IGNORE_INDEX
 from twinkle_megatron.errors import MegatronConfigError
 
 #: Batch key of the labels shifted by one token on the full row (see :func:`next_token_labels`).

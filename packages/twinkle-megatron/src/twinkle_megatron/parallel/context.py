@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from twinkle.loss.base import IGNORE_INDEX
+from twinkle.constants import IGNORE_INDEX
 
 
 def _per_token(batch: Mapping[str, Any]) -> list[str]:

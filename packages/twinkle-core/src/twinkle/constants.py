@@ -1,0 +1,4 @@
+"""Values every part of twinkle must agree on, in one place."""
+
+#: Label of a token that is not trained on (PyTorch's ``cross_entropy`` default, the HF convention).
+IGNORE_INDEX = -100
