@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from twinkle import collective
 from twinkle.checkpoint import save_tokenizer, shared_atomic_directory
 from twinkle.trainer._validate import ConfigError
-from twinkle.trainer.store import checkpoint_name, list_checkpoints
+from twinkle.trainer.store import checkpoint_name, discard, list_checkpoints
 
 
 def export_hf(trainer: Any, step: int) -> str:
@@ -30,9 +28,7 @@ def export_hf(trainer: Any, step: int) -> str:
     keep = cfg.hf_max_keep
     if keep is not None and keep > 0 and collective.rank() == 0:
         for _, path in list_checkpoints(root)[:-keep]:
-            trash = path.parent / f".{path.name}.trash"
-            os.replace(path, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            discard(path)
     return str(root / name)
 
 

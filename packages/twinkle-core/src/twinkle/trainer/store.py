@@ -144,8 +144,7 @@ def complete_checkpoints(root: Path, checksums: bool = False) -> list[tuple[int,
 def rotate(root: Path, maxkeep: int | None) -> list[Path]:
     """Delete the oldest complete checkpoints beyond ``maxkeep`` (never the newest); return what went.
 
-    A directory is first renamed to a hidden name and then removed, so a kill mid-delete never
-    leaves a partial directory under a checkpoint name. Damaged checkpoints are left for a human.
+    Each goes through :func:`discard`. Damaged checkpoints are left for a human.
     """
     if maxkeep is None or maxkeep <= 0:
         return []
@@ -153,11 +152,17 @@ def rotate(root: Path, maxkeep: int | None) -> list[Path]:
     complete = complete_checkpoints(root)
     removed = []
     for _, path in complete[:-keep]:
-        trash = path.parent / f".{path.name}.trash"
-        os.replace(path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        discard(path)
         removed.append(path)
     return removed
+
+
+def discard(path: Path) -> None:
+    """Delete a checkpoint directory, renamed to a hidden name first: a kill mid-delete leaves only
+    ``.NAME.trash`` (which :func:`clean_stale` removes), never a partial directory under a checkpoint name."""
+    trash = path.parent / f".{path.name}.trash"
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def clean_stale(root: Path) -> None:
