@@ -27,13 +27,9 @@ from twinkle.checkpoint import (
 )
 from twinkle.log import get_logger
 from twinkle.model.optimizer_group import OptimizerGroup
+from twinkle.utils.checks import check_no_kwargs
 
 logger = get_logger()
-
-
-def _no_kwargs(method: str, kwargs: dict[str, Any]) -> None:
-    if kwargs:
-        raise TypeError(f"{method}() got unexpected arguments {sorted(kwargs)}.")
 
 
 class CheckpointMixin(ABC):
@@ -85,7 +81,7 @@ class CheckpointMixin(ABC):
         to host memory and written in the background while training goes on; ``pending.wait()``
         (every rank) puts the directory under its final name, until then it has a temporary one.
         """
-        _no_kwargs("save", kwargs)
+        check_no_kwargs("save", kwargs)
         if async_save and not self.supports_async_save:
             raise NotImplementedError(f"{type(self).__name__} cannot save in the background; pass "
                                       "async_save=False (Trainer: async_checkpoint=false).")
@@ -105,7 +101,7 @@ class CheckpointMixin(ABC):
     def load(self, name: str, output_dir: str | None = None, *, adapter_name: str | None = None,
              **kwargs: Any) -> None:
         """Load weights saved by :meth:`save` into the group (``name`` is a path when output_dir is None)."""
-        _no_kwargs("load", kwargs)
+        check_no_kwargs("load", kwargs)
         group = self._group(adapter_name)
         directory = checkpoint_path(name, output_dir) if output_dir is not None else Path(name).expanduser()
         self._load_checkpoint(group, directory)
@@ -116,7 +112,7 @@ class CheckpointMixin(ABC):
 
         Every file is read and checked before anything is changed; returns the restored progress.
         """
-        _no_kwargs("resume_from_checkpoint", kwargs)
+        check_no_kwargs("resume_from_checkpoint", kwargs)
         group = self._group(adapter_name)
         directory = Path(checkpoint_dir).expanduser()
         require_files(directory, [], "checkpoint")
@@ -126,7 +122,7 @@ class CheckpointMixin(ABC):
 
     def get_state_dict(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """The group's weights: the adapter's (PEFT file keys) or the full model's."""
-        _no_kwargs("get_state_dict", kwargs)
+        check_no_kwargs("get_state_dict", kwargs)
         return self._state_dict(self._group(adapter_name))
 
     # ---------------------------------------------------------------- helpers

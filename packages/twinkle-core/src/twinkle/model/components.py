@@ -15,6 +15,7 @@ from twinkle.metric import Metric
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.patch import Patch
 from twinkle.registry import resolve
+from twinkle.utils.checks import check_no_kwargs
 
 
 def build_component(kind: str, obj: Any, kwargs: dict[str, Any], *args: Any) -> Any:
@@ -67,8 +68,7 @@ class ComponentsMixin:
     def calculate_metric(self, is_training: bool, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Numbers accumulated since the last call (loss, token_accuracy, grad_norm, lr, tokens/s, step)."""
         group = self._group(adapter_name)
-        if kwargs:
-            raise TypeError(f"calculate_metric() got unexpected arguments {sorted(kwargs)}.")
+        check_no_kwargs("calculate_metric", kwargs)
         return group.compute_metrics(is_training, lr=self._group_lr(group))
 
     def set_template(self, template_cls: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -21,3 +21,9 @@ def check_choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not one of {', '.join(map(str, choices))}.")
     return value
+
+
+def check_no_kwargs(method: str, kwargs: Mapping[str, Any]) -> None:
+    """A TwinkleModel method that took its known keywords out of ``kwargs`` refuses the rest, naming them."""
+    if kwargs:
+        raise TypeError(f"{method}() got unexpected arguments {sorted(kwargs)}.")

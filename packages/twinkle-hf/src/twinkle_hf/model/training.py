@@ -13,6 +13,7 @@ from twinkle.model.inputs import collate, count_tokens, to_device
 from twinkle.model.losses import compute_loss
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.remote import remote_function
+from twinkle.utils.checks import check_no_kwargs
 from twinkle.utils.lazy_float import LazyFloat
 from twinkle_hf.model.tasks import check_task
 
@@ -57,7 +58,7 @@ class TrainingMixin:
         """Back-propagate the last loss into the group's accumulating gradients (token-weighted)."""
         group = self._group(adapter_name)
         group.take_accumulation_steps(kwargs)
-        _no_kwargs("backward", kwargs)
+        check_no_kwargs("backward", kwargs)
         self._backward(group, None)
 
     def _backward(self, group: OptimizerGroup, global_items: Any) -> None:
@@ -192,14 +193,8 @@ class TrainingMixin:
         """Padding id for the default processor: the template's tokenizer, else the model config, else 0."""
         if group.template is not None and isinstance(getattr(group.template, "pad_token_id", None), int):
             return group.template.pad_token_id
-        for source in (self._hf_model().config,):
-            value = getattr(source, "pad_token_id", None)
+        config = self._hf_model().config
+        for value in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)):
             if isinstance(value, int):
                 return value
-        eos = getattr(self._hf_model().config, "eos_token_id", None)
-        return eos if isinstance(eos, int) else 0
-
-
-def _no_kwargs(method: str, kwargs: dict[str, Any]) -> None:
-    if kwargs:
-        raise TypeError(f"{method}() got unexpected arguments {sorted(kwargs)}.")
+        return 0

@@ -22,6 +22,7 @@ from twinkle import collective
 from twinkle.model.inputs import count_tokens, to_device
 from twinkle.model.losses import compute_loss, require_forward
 from twinkle.model.optimizer_group import OptimizerGroup
+from twinkle.utils.checks import check_no_kwargs
 from twinkle.utils.lazy_float import LazyFloat
 from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.model import vocab_parallel as vp
@@ -56,8 +57,7 @@ class TrainingMixin:
         """Back-propagate the last loss sum into the group's accumulating gradients."""
         group = self._group(adapter_name)
         group.take_accumulation_steps(kwargs)
-        if kwargs:
-            raise TypeError(f"backward() got unexpected arguments {sorted(kwargs)}.")
+        check_no_kwargs("backward", kwargs)
         loss = group.last_loss
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
             raise RuntimeError(f"backward(adapter_name={group.name!r}) needs a loss with a graph: call forward(...) "
@@ -87,8 +87,7 @@ class TrainingMixin:
             from twinkle_megatron.model.schedule import schedule_forward_backward
 
             return schedule_forward_backward(self, group, inputs, micro, kwargs)
-        if kwargs:
-            raise TypeError(f"forward_backward got unexpected arguments {sorted(kwargs)}.")
+        check_no_kwargs("forward_backward", kwargs)
         from twinkle_megatron.model.schedule import split_rows
 
         loss_sum, items_sum = 0.0, 0
