@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -79,9 +80,15 @@ class TokenView:
     labels_layout: bool
     loss_name: str
 
-    @property
+    @cached_property
     def num_sequences(self) -> int:
+        """Sequences in the batch: one host sync, once per view (every per-sequence sum needs the count)."""
         return int(self.segments.max().item()) + 1 if self.segments.numel() else 0
+
+    @cached_property
+    def _buckets(self) -> torch.Tensor:
+        """Flat sequence index of every position; padding goes to one spare bucket after the last sequence."""
+        return torch.where(self.segments >= 0, self.segments, self.num_sequences).reshape(-1)
 
     def field(self, name: str) -> torch.Tensor:
         """A per-token field, with an error saying how to provide it."""
@@ -106,9 +113,8 @@ class TokenView:
 
     def per_sequence(self, values: torch.Tensor) -> torch.Tensor:
         """Sum of ``values`` (rows, T) over each sequence's positions -> (num_sequences,); differentiable."""
-        valid = self.segments >= 0
-        out = values.new_zeros(self.num_sequences)
-        return out.index_add(0, self.segments[valid], values[valid])
+        out = values.new_zeros(self.num_sequences + 1)  # no boolean indexing: it would wait for the device
+        return out.index_add(0, self._buckets, values.reshape(-1))[:-1]
 
     def trained_sequences(self) -> torch.Tensor:
         """(num_sequences,) bool: sequences with at least one weighted token."""
