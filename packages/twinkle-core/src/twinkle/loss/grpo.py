@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from twinkle.loss.base import Loss
-from twinkle.loss.policy import _ratio_bounds
+from twinkle.loss.policy import _ratio_bounds, clipped_surrogate
 from twinkle.loss.token_inputs import TokenOutputs, TokenView, loss_inputs
 
 NORMALIZATIONS = ("sequence", "token", "constant")
@@ -66,9 +66,7 @@ class GRPOLoss(Loss):
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         view, logprobs, _ = loss_inputs(inputs, outputs, self.name, kwargs)
-        ratio = self.ratio(logprobs, view)
-        advantages = view.field("advantages")
-        per_token = -torch.minimum(ratio * advantages, ratio.clamp(self.low, self.high) * advantages)
+        per_token = clipped_surrogate(self.ratio(logprobs, view), view.field("advantages"), self.low, self.high)
         if self.beta > 0:
             delta = -view.log_ratio(logprobs, "ref_logprobs")
             per_token = per_token + self.beta * (torch.exp(delta) - delta - 1)

@@ -57,6 +57,11 @@ class TokenSumLoss(Loss):
         return total, SUM_ITEMS if self.reduction == "sum" else view.weights.sum()
 
 
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """PPO's per-token objective, negated: ``-min(r A, clip(r, low, high) A)`` (PPO, GRPO and kin)."""
+    return -torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages)
+
+
 def _ratio_bounds(clip_low_threshold: float, clip_high_threshold: float, name: str) -> tuple[float, float]:
     low, high = float(clip_low_threshold), float(clip_high_threshold)
     if not 0 <= low <= 1 <= high:
@@ -94,9 +99,7 @@ class PPOLoss(TokenSumLoss):
         self.low, self.high = _ratio_bounds(clip_low_threshold, clip_high_threshold, self.name)
 
     def token_loss(self, logprobs: torch.Tensor, view: TokenView) -> torch.Tensor:
-        ratio = torch.exp(view.log_ratio(logprobs))
-        advantages = view.field("advantages")
-        return -torch.minimum(ratio * advantages, ratio.clamp(self.low, self.high) * advantages)
+        return clipped_surrogate(torch.exp(view.log_ratio(logprobs)), view.field("advantages"), self.low, self.high)
 
 
 class CISPOLoss(PPOLoss):
