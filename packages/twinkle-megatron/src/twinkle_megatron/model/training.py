@@ -103,12 +103,13 @@ class TrainingMixin:
 
     # -------------------------------------------------------------- internals
     def _prepare(self, group: OptimizerGroup, inputs: Any) -> dict[str, Any]:
-        return to_device(collate(inputs, group, self._pad_token_id(group), self.vocab_size), self.device)
+        batch = collate(inputs, group, self._pad_token_id(group), self.vocab_size)
+        if self.use_te:  # on the whole rows, still on the host: no wait for the device per micro-batch
+            check_plain_causal(batch)
+        return to_device(batch, self.device)
 
     def _model_batch(self, group: OptimizerGroup, batch: dict[str, Any]) -> dict[str, Any]:
         """Next-token labels on the whole rows, then (cp > 1) this rank's share of every sequence."""
-        if self.use_te:
-            check_plain_causal(batch)  # on the whole rows: the split keeps right padding right-padded
         if isinstance(batch.get("labels"), torch.Tensor):
             batch = {**batch, vp.NEXT_LABELS: vp.next_token_labels(batch["labels"], vp.ignore_index_of(group.loss))}
         sizes = self.sizes
@@ -127,7 +128,7 @@ class TrainingMixin:
         return LazyFloat(total, items)
 
     def _mask(self, batch: dict[str, Any]) -> torch.Tensor | None:
-        if self.use_te:  # causal by construction; _model_batch checked the rows
+        if self.use_te:  # causal by construction; _prepare checked the rows
             return None
         return attention_mask(batch, self.args.sliding_window)
 
