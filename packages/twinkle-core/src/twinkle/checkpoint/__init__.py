@@ -12,7 +12,8 @@
 - :func:`capture_rng_state` / :func:`restore_rng_state`: Python, NumPy and torch generators.
 - :func:`safe_torch_load` / :func:`torch_save`: pickled state loaded with ``weights_only=True``.
 - :func:`check_rng_state`, :func:`check_state_like`, :func:`check_optimizer_state`: a side file fits, checked
-  before anything changes (resumes are all-or-nothing).
+  before anything changes (resumes are all-or-nothing); :func:`read_side_states` / :func:`apply_side_states`:
+  the scheduler, scaler and RNG files read and checked, then applied, the same way in every backend.
 - ``twinkle.checkpoint.dcp_safe``: torch.distributed.checkpoint directories read without running pickled code.
 - :func:`save_tokenizer`: the tokenizer and chat template beside the weights.
 """
@@ -44,6 +45,7 @@ from twinkle.checkpoint.layout import (
 )
 from twinkle.checkpoint.pending import PendingSave
 from twinkle.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng_state
+from twinkle.checkpoint.side_states import apply_side_states, read_side_states
 from twinkle.checkpoint.state import TRAINER_STATE_VERSION, read_trainer_state, write_trainer_state
 from twinkle.checkpoint.tokenizer import save_tokenizer
 from twinkle.checkpoint.validate import check_optimizer_state, check_state_like
@@ -57,6 +59,7 @@ __all__ = [
     "TRAINER_STATE_FILE",
     "TRAINER_STATE_VERSION",
     "CheckpointError",
+    "apply_side_states",
     "atomic_directory",
     "capture_rng_state",
     "check_finite",
@@ -67,6 +70,7 @@ __all__ = [
     "commit",
     "is_checkpoint_dir",
     "make_temporary",
+    "read_side_states",
     "read_trainer_state",
     "require_files",
     "restore_rng_state",

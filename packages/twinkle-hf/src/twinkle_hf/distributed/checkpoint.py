@@ -24,11 +24,9 @@ from twinkle.checkpoint import (
     SCALER_FILE,
     SCHEDULER_FILE,
     CheckpointError,
+    apply_side_states,
     capture_rng_state,
-    check_rng_state,
-    check_state_like,
-    restore_rng_state,
-    safe_torch_load,
+    read_side_states,
     torch_save,
 )
 
@@ -122,11 +120,7 @@ def load_sharded(owner: Any, group: Any, directory: Path, with_training_state: b
         return
     dcp_load(*_dcp_part(directory, DCP_OPTIMIZER, side["optimizer"]))
     set_optimizer_state_dict(owner.model, optimizers_of(group.optimizer), side["optimizer"])
-    if "scheduler" in side:
-        group.lr_scheduler.load_state_dict(side["scheduler"])
-    if "scaler" in side:
-        group.scaler.load_state_dict(side["scaler"])
-    restore_rng_state(side["rng"])
+    apply_side_states(group, side)
 
 
 def _dcp_part(directory: Path, part: str, state: dict[str, Any]) -> tuple[dict[str, Any], Path]:
@@ -158,18 +152,11 @@ def _read_side_files(owner: Any, group: Any, directory: Path) -> dict[str, Any]:
     if group.optimizer is None:
         raise RuntimeError(f"resume_from_checkpoint restores the optimizer of group {group.name!r}, which has none: "
                            "call set_optimizer first, or pass resume_only_model=True.")
-    side: dict[str, Any] = {"optimizer": get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))}
-    _check_dcp(directory, DCP_OPTIMIZER, side["optimizer"], "optimizer state")
-    for name, live, key in ((SCHEDULER_FILE, group.lr_scheduler, "scheduler"), (SCALER_FILE, group.scaler, "scaler")):
-        if live is not None:
-            side[key] = safe_torch_load(directory / name)
-            check_state_like(side[key], live.state_dict(), f"{str(directory / name)!r}",
-                             f"group {group.name!r}'s {key}")
+    optimizer = get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))
+    _check_dcp(directory, DCP_OPTIMIZER, optimizer, "optimizer state")
     rng = directory / rng_file(collective.rank())
     rng = rng if rng.is_file() else directory / RNG_FILE
-    side["rng"] = safe_torch_load(rng)
-    check_rng_state(side["rng"], f"{str(rng)!r}")
-    return side
+    return {"optimizer": optimizer, **read_side_states(directory, group, rng)}
 
 
 def gathered_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -20,12 +20,11 @@ from twinkle.checkpoint import (
     SCHEDULER_FILE,
     CheckpointError,
     PendingSave,
+    apply_side_states,
     atomic_directory,
     capture_rng_state,
-    check_rng_state,
-    check_state_like,
+    read_side_states,
     require_files,
-    restore_rng_state,
     safe_torch_load,
     shared_commit,
     shared_temporary,
@@ -181,11 +180,9 @@ class CheckpointMixin(CoreCheckpointMixin):
                                "none: call set_optimizer (and set_lr_scheduler) first, or pass "
                                "resume_only_model=True.")
         require_files(directory, [OPTIMIZER_FILE, RNG_FILE], "optimizer and RNG state for an exact resume")
-        restore: dict[str, Any] = {"optimizer": safe_torch_load(directory / OPTIMIZER_FILE),
-                                   "rng": safe_torch_load(directory / RNG_FILE)}
-        check_rng_state(restore["rng"], f"{str(directory / RNG_FILE)!r}")
+        optimizer = safe_torch_load(directory / OPTIMIZER_FILE)
         try:
-            check_optimizer_state(group.optimizer, restore["optimizer"])
+            check_optimizer_state(group.optimizer, optimizer)
         except ValueError as exc:
             raise CheckpointError(f"{str(directory / OPTIMIZER_FILE)!r} does not fit group {group.name!r}'s "
                                   f"optimizer: {exc}.") from exc
@@ -193,20 +190,8 @@ class CheckpointMixin(CoreCheckpointMixin):
         if has_scheduler and group.lr_scheduler is None:
             raise RuntimeError(f"{str(directory)!r} has an lr scheduler state but group {group.name!r} has no "
                                "scheduler: call set_lr_scheduler(...) before resume_from_checkpoint.")
-        sides = ((SCHEDULER_FILE, group.lr_scheduler, "scheduler", "lr scheduler state"),
-                 (SCALER_FILE, group.scaler, "scaler", "fp16 GradScaler state"))
-        for name, live, key, why in sides:
-            if live is not None:
-                require_files(directory, [name], why)
-                restore[key] = safe_torch_load(directory / name)
-                check_state_like(restore[key], live.state_dict(), f"{str(directory / name)!r}",
-                                 f"group {group.name!r}'s {key}")
-        return restore
+        return {"optimizer": optimizer, **read_side_states(directory, group, directory / RNG_FILE)}
 
     def _apply_training_state(self, group: OptimizerGroup, restore: dict[str, Any]) -> None:
         group.optimizer.load_state_dict(restore["optimizer"])
-        if "scheduler" in restore:
-            group.lr_scheduler.load_state_dict(restore["scheduler"])
-        if "scaler" in restore:
-            group.scaler.load_state_dict(restore["scaler"])
-        restore_rng_state(restore["rng"])
+        apply_side_states(group, restore)

@@ -18,12 +18,11 @@ from twinkle.checkpoint import (
     RNG_FILE,
     SCHEDULER_FILE,
     CheckpointError,
+    apply_side_states,
     capture_rng_state,
     check_optimizer_state,
-    check_rng_state,
-    check_state_like,
+    read_side_states,
     require_files,
-    restore_rng_state,
     safe_torch_load,
     shared_atomic_directory,
     torch_save,
@@ -118,8 +117,6 @@ class CheckpointMixin(CoreCheckpointMixin):
                                "resume_only_model=True.")
         restore: dict[str, Any] = {}
         require_files(directory, [_rng_file()], "RNG state for an exact resume")
-        restore["rng"] = safe_torch_load(directory / _rng_file())
-        check_rng_state(restore["rng"], f"{str(directory / _rng_file())!r}")
         if isinstance(group.optimizer, MegatronDriver):
             if not dist_ckpt.has_optimizer(directory):
                 raise CheckpointError(f"{str(directory)!r} has no {dist_ckpt.OPTIMIZER_DIR}/ (megatron optimizer "
@@ -134,20 +131,14 @@ class CheckpointMixin(CoreCheckpointMixin):
             raise RuntimeError(f"{str(directory)!r} {'has' if has_scheduler else 'has no'} lr scheduler state but "
                                f"group {group.name!r} {'has none' if has_scheduler else 'has one'}: make "
                                "set_lr_scheduler(...) match the saved run before resume_from_checkpoint.")
-        if has_scheduler:
-            restore["scheduler"] = safe_torch_load(directory / SCHEDULER_FILE)
-            check_state_like(restore["scheduler"], group.lr_scheduler.state_dict(),
-                             f"{str(directory / SCHEDULER_FILE)!r}", f"group {group.name!r}'s scheduler")
-        return restore
+        return {**restore, **read_side_states(directory, group, directory / _rng_file())}
 
     def _apply_training_state(self, group: OptimizerGroup, directory: Path, restore: dict[str, Any]) -> None:
         if isinstance(group.optimizer, MegatronDriver):
             dist_ckpt.load_optimizer(self, group.optimizer, directory)
         else:
             group.optimizer.load_state_dict(restore["optimizer"])
-        if "scheduler" in restore:
-            group.lr_scheduler.load_state_dict(restore["scheduler"])
-        restore_rng_state(restore["rng"])
+        apply_side_states(group, restore)
 
 
 def _check_torch_state(driver: Any, state: Any, path: Path) -> None:
