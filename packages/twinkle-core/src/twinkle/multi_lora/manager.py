@@ -122,6 +122,20 @@ class MultiLora:
                 raise
             return free.adapter_name
 
+    @contextmanager
+    def acquired(self, tenant: str, config: Any) -> Iterator[str]:
+        """:meth:`acquire_lora` for a slot the block then fills (saved weights, a seeded init); yields its name.
+
+        If the block raises, the slot is released again: a failed fill never leaves a half-made tenant.
+        """
+        with self.lock:
+            name = self.acquire_lora(tenant, config)
+            try:
+                yield name
+            except BaseException:
+                self.release_lora(tenant)
+                raise
+
     def release_lora(self, tenant: str) -> None:
         """Free ``tenant``'s slot: weights back to their initial state, training state dropped."""
         with self.lock:

@@ -120,15 +120,10 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
         ``seed`` re-initialises the tenant's LoRA deterministically (peft's init drawn from ``seed``),
         whatever slot it lands in; without it the tenant starts from the slot's initial weights.
         """
-        with self.multi_lora.lock:
-            name = self.multi_lora.acquire_lora(tenant, config)
+        with self.multi_lora.acquired(tenant, config) as name:
             if seed is not None:
-                try:
-                    self.slots.seeded_init(self.slots.specs[name], seed)
-                except BaseException:
-                    self.multi_lora.release_lora(tenant)
-                    raise
-            return name
+                self.slots.seeded_init(self.slots.specs[name], seed)
+        return name
 
     def release_lora(self, tenant: str) -> None:
         """``multi_lora.release_lora`` as a model method: the slot's weights back to their initial state."""
@@ -136,15 +131,10 @@ class MultiLoraTransformersModel(BatchedMixin, TransformersModel):
 
     def load_lora(self, tenant: str, directory: str | Path) -> str:
         """Acquire a slot for ``tenant`` with a saved PEFT adapter's config and weights."""
-        with self.multi_lora.lock:
-            path = Path(directory).expanduser()
-            name = self.multi_lora.acquire_lora(tenant, read_tenant_config(path))
-            try:
-                load_tenant(self.slots, self.slots.specs[name], path)
-            except BaseException:
-                self.multi_lora.release_lora(tenant)
-                raise
-            return name
+        path = Path(directory).expanduser()
+        with self.multi_lora.acquired(tenant, read_tenant_config(path)) as name:
+            load_tenant(self.slots, self.slots.specs[name], path)
+        return name
 
     def add_adapter_to_model(self, adapter_name: str, config_or_dir: Any, **kwargs: Any) -> None:
         raise TypeError("MultiLoraTransformersModel adapters are tenant slots: use "

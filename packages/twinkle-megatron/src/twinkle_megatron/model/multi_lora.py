@@ -91,12 +91,8 @@ class MultiLoraMegatronModel(MegatronModel):
     def load_lora(self, tenant: str, directory: str | Path) -> str:
         """Acquire a slot for ``tenant`` with a saved PEFT adapter's config and weights; returns the slot name."""
         path, config, weights = _adapter_source(str(Path(directory).expanduser()))
-        name = self.multi_lora.acquire_lora(tenant, config)
-        try:
+        with self.multi_lora.acquired(tenant, config) as name:
             self.slots.load(self.slots.specs[name], weights, self.args, self.layout, str(path))
-        except BaseException:
-            self.multi_lora.release_lora(tenant)
-            raise
         return name
 
     def add_adapter_to_model(self, adapter_name: str, config_or_dir: Any, **kwargs: Any) -> None:
