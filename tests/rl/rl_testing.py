@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from twinkle.rollout import Rollout
+
 VOCAB = 11
 
 
@@ -108,3 +110,30 @@ def logprobs_of(seq: Seq) -> torch.Tensor:
     """log softmax of each position's logits at its target, written out (no library helper)."""
     return torch.stack([seq.logits[t, seq.targets[t]] - torch.log(torch.exp(seq.logits[t]).sum())
                         for t in range(len(seq.targets))])
+
+
+def make_rollouts(seed: int, count: int = 3) -> list[Rollout]:
+    """Rollouts (prompt, completion, sampling logprobs, reward, a partly masked completion) of varied lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        p, c = int(torch.randint(2, 6, (1,), generator=gen)), int(torch.randint(2, 7, (1,), generator=gen))
+        mask = (torch.rand(c, generator=gen) > 0.2).long().tolist()
+        mask[0] = 1
+        out.append(Rollout(torch.randint(3, 120, (p,), generator=gen).tolist(),
+                           torch.randint(3, 120, (c,), generator=gen).tolist(),
+                           (-torch.rand(c, generator=gen) * 5).tolist(), float(torch.randn(1, generator=gen)),
+                           mask=mask))
+    return out
+
+
+def make_pairs(seed: int, count: int = 2) -> list[dict]:
+    """Preference rows in twinkle's label layout: (chosen, rejected) sharing a prompt."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(count):
+        prompt = torch.randint(3, 120, (int(torch.randint(2, 5, (1,), generator=gen)),), generator=gen).tolist()
+        for _ in range(2):
+            answer = torch.randint(3, 120, (int(torch.randint(2, 6, (1,), generator=gen)),), generator=gen).tolist()
+            rows.append({"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer})
+    return rows

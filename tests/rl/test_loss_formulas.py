@@ -31,6 +31,7 @@ from twinkle.loss import (
     SimPOLoss,
     TokenCrossEntropy,
 )
+from twinkle.model.batch_check import check_batch
 from twinkle.registry import resolve
 
 TOL = dict(rtol=1e-6, atol=1e-6)
@@ -207,9 +208,12 @@ def _applied(loss, inputs, outputs):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("name,loss,reference,kwargs,fields,options", CASES, ids=[c[0] for c in CASES])
 def test_loss_matches_its_formula(name, loss, reference, kwargs, fields, options, layout):
-    seqs = make_sequences(seed=zlib.crc32(name.encode()) % 1000, **options)
+    seed = zlib.crc32(name.encode()) % 1000
+    seqs = make_sequences(seed=seed, **options)
+    noise = torch.Generator().manual_seed(seed)  # seeded: with some draws every GSPO sequence is clipped (no gradient)
     for s in seqs:  # larger ratios, so the clipping bounds are exercised
-        s.q = torch.where(s.weights != 0, logprobs_of(s).detach() + 0.4 * torch.randn_like(s.q), s.q)
+        s.q = torch.where(s.weights != 0, logprobs_of(s).detach() + 0.4 * torch.randn(
+            s.q.shape, generator=noise, dtype=s.q.dtype), s.q)
     expected = reference(seqs, **kwargs)
     expected.backward()
     expected_grads = [s.logits.grad.clone() for s in seqs]
@@ -301,10 +305,23 @@ def test_missing_inputs_say_what_to_provide(loss, message):
         loss.compute(inputs, outputs)
 
 
-def test_odd_preference_batch_is_refused():
-    inputs, outputs = LAYOUTS["tinker_padded"](make_sequences(seed=11, count=3), ("weights",))
-    with pytest.raises(ValueError, match="pairs"):
-        SimPOLoss().compute(inputs, outputs)
+def _collated(layout: str, count: int, trained: bool = True) -> dict:
+    seqs = make_sequences(seed=11, count=count)
+    for s in seqs if not trained else ():
+        s.weights.zero_()
+    inputs, _ = LAYOUTS[layout](seqs, ("weights",))
+    return inputs | {"input_ids": inputs.get("target_tokens", inputs.get("labels")).clamp(min=0)}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_unpaired_preference_batch_is_refused_by_collation(layout):
+    """The pair count is checked on the collated batch (on the host, before any forward), so compute
+    never reads it back from the device."""
+    for batch, count in ((_collated(layout, 3), 3), (_collated(layout, 2, trained=False), 0)):
+        with pytest.raises(ValueError, match=f"pairs.*this batch has {count}"):
+            check_batch(batch, loss=SimPOLoss())
+    paired = _collated(layout, 4)
+    assert check_batch(paired, loss=SimPOLoss()) is paired
 
 
 @pytest.mark.parametrize("make,message", [

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hf_testing import make_model
 from peft import LoraConfig
+from rl_testing import make_pairs, make_rollouts
 
 from twinkle.processor import InputProcessor
 from twinkle.rollout import Rollout
@@ -22,32 +23,6 @@ def _lora_model(seed: int = 0):
     return model
 
 
-def _rollouts(seed: int, count: int = 3) -> list[Rollout]:
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(count):
-        p, c = int(torch.randint(2, 6, (1,), generator=gen)), int(torch.randint(2, 7, (1,), generator=gen))
-        mask = (torch.rand(c, generator=gen) > 0.2).long().tolist()
-        mask[0] = 1
-        out.append(Rollout(torch.randint(3, 120, (p,), generator=gen).tolist(),
-                           torch.randint(3, 120, (c,), generator=gen).tolist(),
-                           (-torch.rand(c, generator=gen) * 5).tolist(), float(torch.randn(1, generator=gen)),
-                           mask=mask))
-    return out
-
-
-def _pairs(seed: int, count: int = 2) -> list[dict]:
-    """Preference rows in twinkle's label layout: (chosen, rejected) sharing a prompt."""
-    gen = torch.Generator().manual_seed(seed)
-    rows = []
-    for _ in range(count):
-        prompt = torch.randint(3, 120, (int(torch.randint(2, 5, (1,), generator=gen)),), generator=gen).tolist()
-        for _ in range(2):
-            answer = torch.randint(3, 120, (int(torch.randint(2, 6, (1,), generator=gen)),), generator=gen).tolist()
-            rows.append({"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer})
-    return rows
-
-
 def _train(model, batches, loss, accumulation, **options):
     model.set_loss(loss, adapter_name="policy", **options)
     model.set_optimizer("SGD", lr=0.5, adapter_name="policy")
@@ -57,15 +32,15 @@ def _train(model, batches, loss, accumulation, **options):
     return {k: v.detach().clone() for k, v in model.get_state_dict(adapter_name="policy").items()}
 
 
-CASES = [("ppo", {}, _rollouts), ("grpo", {"beta": 0.2}, _rollouts), ("bnpo", {}, _rollouts),
-         ("dr_grpo", {"max_tokens": 8}, _rollouts), ("gspo", {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0},
-                                                     _rollouts),
-         ("dpo", {"beta": 0.5}, _pairs), ("orpo", {}, _pairs)]
+CASES = [("ppo", {}, make_rollouts), ("grpo", {"beta": 0.2}, make_rollouts), ("bnpo", {}, make_rollouts),
+         ("dr_grpo", {"max_tokens": 8}, make_rollouts),
+         ("gspo", {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0}, make_rollouts),
+         ("dpo", {"beta": 0.5}, make_pairs), ("orpo", {}, make_pairs)]
 
 
 @pytest.mark.parametrize("loss,options,make", CASES, ids=[c[0] for c in CASES])
 def test_accumulation_equals_one_big_batch(loss, options, make):
-    micro = [make(10), make(11, 1 if make is _pairs else 2), make(12)]
+    micro = [make(10), make(11, 1 if make is make_pairs else 2), make(12)]
     accumulated = _train(_lora_model(), micro, loss, accumulation=3, **options)
     single = _train(_lora_model(), [[row for batch in micro for row in batch]], loss, accumulation=1, **options)
     initial = _lora_model().get_state_dict(adapter_name="policy")
@@ -104,7 +79,7 @@ def test_loss_outputs_are_the_samplers_logprobs_and_on_policy_ppo_is_minus_the_a
 
 
 def test_model_reference_equals_the_samplers_reference_logprobs():
-    rollouts = _rollouts(30)
+    rollouts = make_rollouts(30)
     auto = _train(_lora_model(), [rollouts], "grpo", accumulation=1, beta=0.3)
     model = _lora_model()
     ref = TorchSampler(model).compute_logprobs([r.sequence for r in rollouts], adapter_name="policy", reference=True)
@@ -118,17 +93,32 @@ def test_full_model_reference_needs_a_second_model():
     model = make_model(seed=0)
     model.set_loss("dpo")
     with pytest.raises(ValueError, match="ref_logprobs"):
-        model.forward_backward(inputs=_pairs(1))
+        model.forward_backward(inputs=make_pairs(1))
 
 
 def test_evaluation_reports_preference_rewards():
     model = _lora_model()
     model.set_loss("simpo", adapter_name="policy")
-    model.forward_only(inputs=_pairs(3, 3), adapter_name="policy")
+    model.forward_only(inputs=make_pairs(3, 3), adapter_name="policy")
     loss = model.calculate_loss(adapter_name="policy")
     outputs = model.get_loss_outputs(adapter_name="policy")
     assert len(outputs) == 6 and all("reward" in o for o in outputs) and loss > 0
     model.set_loss("CrossEntropyLoss", adapter_name="policy")
-    model.forward_only(inputs=_pairs(3), adapter_name="policy")
+    model.forward_only(inputs=make_pairs(3), adapter_name="policy")
     model.calculate_loss(adapter_name="policy")
     assert model.get_loss_outputs(adapter_name="policy") == []
+
+
+def test_unpaired_preference_batch_is_refused_before_the_forward():
+    """Three trained sequences cannot pair: refused in collation, before any forward or gradient."""
+    model = _lora_model()
+    model.set_loss("dpo", adapter_name="policy")
+    model.set_optimizer("SGD", lr=0.5, adapter_name="policy")
+    before = {k: v.clone() for k, v in model.get_state_dict(adapter_name="policy").items()}
+    with pytest.raises(ValueError, match="pairs.*this batch has 3"):
+        model.forward_backward(inputs=make_pairs(5)[:3], adapter_name="policy")
+    assert all(p.grad is None for p in model.model.parameters())
+    model.forward_backward(inputs=make_pairs(5), adapter_name="policy")  # the whole pairs train
+    model.clip_grad_and_step(adapter_name="policy")
+    after = model.get_state_dict(adapter_name="policy")
+    assert any(not torch.equal(after[k], before[k]) for k in before)

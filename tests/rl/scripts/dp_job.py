@@ -35,11 +35,11 @@ def rank_world() -> tuple[int, int]:
 
 def make_rows(kind: str, seed: int = 0) -> list[list[dict]]:
     """Units that stay on one rank: single rollouts, or (chosen, rejected) pairs."""
-    from test_rl_training import _pairs, _rollouts
+    from rl_testing import make_pairs, make_rollouts
 
     if kind == "rollouts":
-        return [[row] for row in _rollouts(seed, count=6)]
-    rows = _pairs(seed, count=4)
+        return [[row] for row in make_rollouts(seed, count=6)]
+    rows = make_pairs(seed, count=4)
     return [rows[k:k + 2] for k in range(0, len(rows), 2)]
 
 

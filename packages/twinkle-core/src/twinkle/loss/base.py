@@ -17,6 +17,10 @@ class Loss(ABC):
     Subclasses implement :meth:`compute`, returning ``(sum of item losses, number of items)``;
     an item is whatever the mean averages over (a trained token for cross-entropy, a query for
     InfoNCE). ``loss(inputs, outputs)`` then returns the sum or the mean per ``reduction``.
+
+    A loss whose batch must have a structure (the preference losses' pairs) may also define
+    ``check_batch(batch)``: collation calls it on the host with the collated batch, before the forward,
+    so ``compute`` need not read anything back from the device to validate it.
     """
 
     #: The forward flavour this loss reads (``causal_lm`` logits, ``embedding`` vectors, ``fused_lm_ce``

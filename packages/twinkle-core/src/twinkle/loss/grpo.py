@@ -80,7 +80,8 @@ class GRPOLoss(Loss):
         if self.normalization == "constant":
             return weighted.sum(), trained.sum() * self.max_tokens
         sums, weights = view.per_sequence(weighted), view.per_sequence(view.weights)
-        return (sums[trained] / weights[trained]).sum(), trained.sum()
+        # untrained slots divide 0 by 1, not by 0: a NaN there would reach the gradient through where()
+        return (sums / torch.where(trained, weights, torch.ones_like(weights))).sum(), trained.sum()
 
 
 class BNPOLoss(GRPOLoss):

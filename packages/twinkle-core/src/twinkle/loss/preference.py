@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from twinkle.loss.base import Loss
-from twinkle.loss.token_inputs import TokenOutputs, loss_inputs
+from twinkle.loss.token_inputs import TokenOutputs, inputs_view, loss_inputs
 
 
 class PreferenceLoss(Loss):
@@ -57,22 +57,42 @@ class PreferenceLoss(Loss):
                                                                                                     torch.Tensor]:
         """(loss per pair, reward per sequence) from (2 * pairs,) sequence values, pairs interleaved."""
 
-    def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-        view, logprobs, _ = loss_inputs(inputs, outputs, self.name, kwargs)
-        trained = view.trained_sequences()
-        count = int(trained.sum())
+    def check_batch(self, batch: Mapping[str, Any]) -> None:
+        """Refuse a collated batch whose trained sequences do not pair up.
+
+        Every backend's collation calls this on the host, before the forward, so :meth:`compute` never
+        reads the count back from the device.
+        """
+        ids = batch["input_ids"]
+        count = int(inputs_view(batch, tuple(ids.shape), ids.device, torch.float32, self.name)
+                    .trained_sequences().sum())
         if count == 0 or count % 2:
             raise ValueError(f"The {self.name} loss needs (chosen, rejected) pairs: consecutive sequences with trained "
                              f"tokens, an even number of them; this batch has {count}. Build rows with "
                              "Template.encode_preference and keep each pair in one batch.")
+
+    def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        view, logprobs, _ = loss_inputs(inputs, outputs, self.name, kwargs)
+        trained = view.trained_sequences()
+        count = trained.sum()  # that it is even and not 0 was checked on the host, by check_batch in collation
+        # The trained sequences, moved to the front in order (chosen, rejected, chosen, ...) by a scatter, so
+        # no shape depends on the data. Unused slots hold harmless values (finite loss, zero gradient).
+        slots = view.capacity + view.capacity % 2
+        order = torch.where(trained, trained.long().cumsum(0) - 1, slots)
+
+        def packed(values: torch.Tensor, fill: float) -> torch.Tensor:
+            out = values.new_full((slots + 1,), fill).index_put((order,), values)
+            return out[:-1]
+
         pi = view.per_sequence(torch.where(view.weights != 0, logprobs, torch.zeros_like(logprobs)) * view.weights)
-        ref = view.per_sequence(view.field("ref_logprobs") * view.weights)[trained] if self.uses_reference else None
-        lengths = view.per_sequence(view.weights)[trained]
-        losses, rewards = self.pair_loss(pi[trained], ref, lengths)
-        all_rewards = pi.new_zeros(view.num_sequences)
-        all_rewards[trained] = rewards.detach()
+        ref = packed(view.per_sequence(view.field("ref_logprobs") * view.weights), -1.0) \
+            if self.uses_reference else None
+        losses, rewards = self.pair_loss(packed(pi, -1.0), ref, packed(view.per_sequence(view.weights), 1.0))
+        pairs = count // 2
+        losses = torch.where(torch.arange(len(losses), device=losses.device) < pairs, losses, torch.zeros_like(losses))
+        all_rewards = torch.where(trained, rewards.detach()[order.clamp(max=slots - 1)], torch.zeros_like(pi))
         self.last_outputs = TokenOutputs({"logprobs": logprobs.detach()}, view.segments, {"reward": all_rewards})
-        return losses.sum(), count // 2
+        return losses.sum(), pairs
 
 
 def _pairs(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

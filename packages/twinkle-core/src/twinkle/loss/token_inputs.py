@@ -80,15 +80,16 @@ class TokenView:
     labels_layout: bool
     loss_name: str
 
-    @cached_property
-    def num_sequences(self) -> int:
-        """Sequences in the batch: one host sync, once per view (every per-sequence sum needs the count)."""
-        return int(self.segments.max().item()) + 1 if self.segments.numel() else 0
+    @property
+    def capacity(self) -> int:
+        """Length of every per-sequence tensor: the position count, a bound on the sequences known without
+        reading the device (each sequence has a position). Slots past the last sequence hold zeros."""
+        return self.segments.numel()
 
     @cached_property
     def _buckets(self) -> torch.Tensor:
-        """Flat sequence index of every position; padding goes to one spare bucket after the last sequence."""
-        return torch.where(self.segments >= 0, self.segments, self.num_sequences).reshape(-1)
+        """Flat sequence index of every position; padding goes to one spare bucket after the last slot."""
+        return torch.where(self.segments >= 0, self.segments, self.capacity).reshape(-1)
 
     def field(self, name: str) -> torch.Tensor:
         """A per-token field, with an error saying how to provide it."""
@@ -112,12 +113,16 @@ class TokenView:
         return gather_logprobs(logits, self.targets)
 
     def per_sequence(self, values: torch.Tensor) -> torch.Tensor:
-        """Sum of ``values`` (rows, T) over each sequence's positions -> (num_sequences,); differentiable."""
-        out = values.new_zeros(self.num_sequences + 1)  # no boolean indexing: it would wait for the device
+        """Sum of ``values`` (rows, T) over each sequence's positions -> (capacity,); differentiable.
+
+        Shapes never depend on the data (no boolean indexing, no count read back), so a sequence-level
+        loss queues its work without waiting for the device.
+        """
+        out = values.new_zeros(self.capacity + 1)
         return out.index_add(0, self._buckets, values.reshape(-1))[:-1]
 
     def trained_sequences(self) -> torch.Tensor:
-        """(num_sequences,) bool: sequences with at least one weighted token."""
+        """(capacity,) bool: sequences with at least one weighted token (False on unused slots)."""
         return self.per_sequence((self.weights != 0).to(self.weights.dtype)) > 0
 
     def to_input_alignment(self, values: torch.Tensor) -> torch.Tensor:
@@ -127,9 +132,13 @@ class TokenView:
 
 def token_view(inputs: Mapping[str, Any], logits: torch.Tensor, loss_name: str) -> TokenView:
     """Targets, weights and per-token fields of ``inputs`` in Tinker alignment, on ``logits``' device."""
-    device = logits.device
-    shape = logits.shape[:2]
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return inputs_view(inputs, logits.shape[:2], logits.device, dtype, loss_name)
+
+
+def inputs_view(inputs: Mapping[str, Any], shape: tuple[int, ...], device: torch.device, dtype: torch.dtype,
+                loss_name: str) -> TokenView:
+    """:func:`token_view` without logits: for checks of a collated batch on the host, before any forward."""
 
     def as_float(value: Any, name: str) -> torch.Tensor:
         tensor = torch.as_tensor(value, device=device).to(dtype)
@@ -185,8 +194,8 @@ class TokenOutputs:
         counts = torch.bincount(self.segments[valid]).tolist() if valid.any() else []
         split = {name: torch.split(values.detach()[valid].cpu(), counts) for name, values in self.per_token.items()}
         samples = [{name: parts[k] for name, parts in split.items()} for k in range(len(counts))]
-        for name, values in self.per_sequence.items():
-            for k, value in enumerate(values.detach().cpu()):
+        for name, values in self.per_sequence.items():  # (capacity,): the slots past the last sequence are unused
+            for k, value in enumerate(values.detach()[:len(counts)].cpu()):
                 samples[k][name] = value
         return samples
 

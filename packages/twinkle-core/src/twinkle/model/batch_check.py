@@ -46,6 +46,9 @@ def check_batch(batch: Mapping[str, Any], vocab_size: int | None = None, loss: A
     if vocab_size is not None:
         ignore = getattr(loss, "ignore_index", IGNORE_INDEX)
         _check_range(ids, labels if per_token else None, int(vocab_size), ignore)
+    loss_check = getattr(loss, "check_batch", None)
+    if callable(loss_check):  # what a loss needs of the batch's structure, checked here on the host
+        loss_check(batch)
     return batch
 
 

@@ -1,0 +1,158 @@
+"""The hot path stays asynchronous: ``forward_backward`` never reads a device tensor back to the host.
+
+On a GPU, ``.item()``, ``float()``, ``.tolist()``, ``bool()`` of a tensor, boolean-mask indexing or
+``nonzero`` on a device tensor waits for every queued kernel. One such read per micro-batch before
+``backward`` stalls the accelerator at each step (issue 12: one host read per optimizer step, for logging,
+is the budget). On CPU nothing waits, so this test simulates the accelerator: a torch function mode
+marks as "device" the model's parameters and what ``twinkle.model.inputs.to_device`` returns (copied,
+as a real move would), follows that mark through every operation, and records each host read of a
+marked tensor made by twinkle's own code. transformers' reads (its sdpa mask check) are not ours and
+are not counted; the collated batch on the host may be read freely (the token-range and pair checks do).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+from hf_testing import make_batch, make_model
+from peft import LoraConfig
+from rl_testing import make_pairs, make_rollouts
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+import twinkle
+import twinkle.model.inputs as core_inputs
+import twinkle_hf
+import twinkle_hf.model.training as hf_training
+import twinkle_hf.multi_lora.batched as hf_batched
+from twinkle.loss.token_inputs import TokenOutputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multi_lora"))
+from ml_testing import lora, make_multi  # noqa: E402
+
+T = torch.Tensor
+#: Calls that make the host wait for the device when given a device tensor.
+HOST_READS = {T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.nonzero, torch.nonzero,
+              T.masked_select, torch.masked_select, T.unique, torch.unique, T.numpy, T.cpu, T.bincount,
+              torch.bincount, T.repeat_interleave, torch.repeat_interleave}
+OURS = tuple(str(Path(m.__file__).parent) for m in (twinkle, twinkle_hf))
+TORCH = str(Path(torch.__file__).parent)
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+class DeviceReads(TorchFunctionMode):
+    """Records ``(call, file:line, function)`` for each host read of a device-marked tensor by twinkle's code."""
+
+    def __init__(self, device_tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.on_device = WeakIdKeyDictionary({t: True for t in device_tensors})
+        self.reads: list[tuple[str, str, str]] = []
+
+    def mark(self, tree):
+        for t in _tensors(tree):
+            self.on_device[t] = True
+        return tree
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        marked = any(t in self.on_device for t in _tensors((args, kwargs)))
+        mask_index = func is T.__getitem__ and any(t.dtype == torch.bool for t in _tensors(args[1:]))
+        if marked and (func in HOST_READS or mask_index):
+            self._record(func)
+        out = func(*args, **kwargs)
+        return self.mark(out) if marked else out
+
+    def _record(self, func) -> None:
+        for frame in reversed(traceback.extract_stack()[:-2]):  # [-2:]: this and __torch_function__
+            if frame.filename.startswith(TORCH):
+                continue  # inside torch itself: the read is its caller's
+            if frame.filename.startswith(OURS):
+                self.reads.append((func.__name__, f"{Path(frame.filename).name}:{frame.lineno}", frame.name))
+            return
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """A function running ``step()`` under :class:`DeviceReads` with the moves to the device marked."""
+
+    def run(model, step):
+        mode = DeviceReads(list(model.model.parameters()) + list(model.model.buffers()))
+
+        def to_device(batch, device):  # a real move returns new tensors: copy, then mark them
+            moved = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                     for k, v in core_inputs.to_device(batch, device).items()}
+            return mode.mark(moved)
+
+        monkeypatch.setattr(hf_training, "to_device", to_device)
+        monkeypatch.setattr(hf_batched, "to_device", to_device)
+        with mode:
+            step()
+        return mode.reads
+
+    return run
+
+
+def test_the_spy_sees_the_reads_it_must_forbid(spy):
+    """The detector itself: twinkle code reading device tensors is caught; reading host tensors is not."""
+    model = make_model(seed=0)
+    param = next(model.model.parameters())
+    segments = torch.tensor([[0, 0, 1, -1]])
+    reads = {}
+
+    def step():  # per_sample hands results back after a step: it reads its tensors on purpose
+        reads["host"] = TokenOutputs({"x": torch.ones(1, 4)}, segments).per_sample()
+        reads["device"] = TokenOutputs({"x": param.reshape(-1)[:4].reshape(1, 4) * 1}, segments).per_sample()
+
+    found = spy(model, step)
+    assert len(reads["host"]) == len(reads["device"]) == 2
+    assert found and {where.split(":")[0] for _, where, _ in found} == {"token_inputs.py"}
+    assert {"__getitem__", "cpu"} <= {call for call, _, _ in found}, found
+
+
+LOSSES = [("cross_entropy", {}, lambda seed: make_batch(seed)),
+          ("grpo", {"beta": 0.2}, make_rollouts),  # the KL term adds a reference forward (adapters off)
+          ("gspo", {}, make_rollouts),
+          ("dr_grpo", {"max_tokens": 8}, make_rollouts),
+          ("dpo", {"beta": 0.5}, make_pairs),
+          ("orpo", {}, make_pairs)]
+
+
+@pytest.mark.parametrize("loss,options,make", LOSSES, ids=[c[0] for c in LOSSES])
+def test_forward_backward_reads_nothing_back_from_the_device(spy, loss, options, make):
+    model = make_model(seed=0)
+    model.add_adapter_to_model("policy", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model.set_loss(loss, adapter_name="policy", **options)
+    model.set_optimizer("SGD", lr=0.1, adapter_name="policy")
+    results = []
+
+    def step():
+        for micro in range(2):
+            results.append(model.forward_backward(inputs=make(micro), adapter_name="policy",
+                                                  gradient_accumulation_steps=2))
+
+    assert spy(model, step) == []
+    assert all(torch.isfinite(torch.tensor(float(r))) for r in results)  # the lazy losses read fine afterwards
+    model.clip_grad_and_step(adapter_name="policy")
+
+
+def test_several_tenants_in_one_step_read_nothing_back_from_the_device(spy):
+    model = make_multi(seed=0)
+    for tenant, loss in (("t1", "grpo"), ("t2", "gspo")):
+        model.multi_lora.acquire_lora(tenant, lora(r=4, alpha=8, targets=("q_proj", "v_proj")))
+        model.set_loss(loss, adapter_name=tenant, beta=0.1)
+        model.set_optimizer("SGD", lr=0.1, adapter_name=tenant)
+    losses = {}
+
+    def step():
+        losses.update(model.forward_backward_multi({"t1": make_rollouts(1), "t2": make_rollouts(2)}))
+
+    assert spy(model, step) == []
+    assert set(losses) == {"t1", "t2"}
