@@ -41,7 +41,10 @@ def fake(tmp_path: Path) -> dict[str, Path]:
 
 def _dev(fake: dict[str, Path], *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HATCH": str(fake["hatch"])}
-    return subprocess.run([str(REPO / "dev"), *args], env=env, capture_output=True, text=True, timeout=60)
+    # a shell's background job (nohup ... &) starts with SIGINT ignored, and children inherit that:
+    # give ./dev the default disposition a terminal's Ctrl-C meets
+    return subprocess.run([str(REPO / "dev"), *args], env=env, capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_train_runs_the_environment_binary_and_passes_its_status(fake):
