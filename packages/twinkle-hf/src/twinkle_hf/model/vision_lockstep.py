@@ -4,7 +4,7 @@ Under FSDP2 the vision blocks are sharded: each rank all-gathers a block's weigh
 block (and reduce-scatters its gradient in backward). A rank whose micro-batch has no image skips
 the vision tower, so its next all-gather is a decoder layer's while another rank's is a vision
 block's: the collectives mismatch and the ranks hang (NCCL) or crash (gloo). The established fix
-(ms-swift, LLaMA-Factory) is applied: the ranks first agree (one small all-reduce) on which kinds
+(ms-swift, LLaMA-Factory) is applied: the ranks first agree (a small exchange on the CPU) on which kinds
 of media any of them has; a rank lacking a kind that another has runs the vision tower once per
 missing kind on a blank image and adds ``0 x`` its outputs to the token embeddings, so every rank
 runs the same modules in the same order and the real samples' loss and gradients are unchanged
@@ -37,12 +37,13 @@ def media_kinds(batch: Mapping[str, Any]) -> list[int]:
 def missing_passes(batch: Mapping[str, Any]) -> int:
     """How many vision-tower passes this rank must add: the kinds another rank has and this one lacks.
 
-    A collective (every rank of the world calls it for every micro-batch).
+    A collective (every rank of the world calls it for every micro-batch). It exchanges the two host
+    flags over the group's CPU backend, so the micro-batch never waits for the device.
     """
     from twinkle import collective
 
     local = media_kinds(batch)
-    anywhere = collective.all_reduce(torch.tensor(local, dtype=torch.long), op="max").tolist()
+    anywhere = [max(kind) for kind in zip(*collective.all_gather_object(local))]
     return sum(1 for mine, any_rank in zip(local, anywhere) if any_rank and not mine)
 
 
