@@ -75,14 +75,15 @@ class PreferenceLoss(Loss):
         view, logprobs, _ = loss_inputs(inputs, outputs, self.name, kwargs)
         trained = view.trained_sequences()
         count = trained.sum()  # that it is even and not 0 was checked on the host, by check_batch in collation
-        # The trained sequences, moved to the front in order (chosen, rejected, chosen, ...) by a scatter, so
-        # no shape depends on the data. Unused slots hold harmless values (finite loss, zero gradient).
-        slots = view.capacity + view.capacity % 2
-        order = torch.where(trained, trained.long().cumsum(0) - 1, slots)
+        # The trained sequences in batch order (chosen, rejected, chosen, ...) at the front, by a stable
+        # sort, so no shape depends on the data; the slots after them hold harmless values (finite loss,
+        # zero gradient) and are masked out.
+        order = torch.sort((~trained).to(torch.uint8), stable=True).indices
+        used = torch.arange(len(order), device=order.device) < count
 
         def packed(values: torch.Tensor, fill: float) -> torch.Tensor:
-            out = values.new_full((slots + 1,), fill).index_put((order,), values)
-            return out[:-1]
+            out = torch.where(used, values[order], torch.full_like(values, fill))
+            return F.pad(out, (0, len(out) % 2), value=fill)  # whole pairs
 
         pi = view.per_sequence(torch.where(view.weights != 0, logprobs, torch.zeros_like(logprobs)) * view.weights)
         ref = packed(view.per_sequence(view.field("ref_logprobs") * view.weights), -1.0) \
@@ -90,7 +91,8 @@ class PreferenceLoss(Loss):
         losses, rewards = self.pair_loss(packed(pi, -1.0), ref, packed(view.per_sequence(view.weights), 1.0))
         pairs = count // 2
         losses = torch.where(torch.arange(len(losses), device=losses.device) < pairs, losses, torch.zeros_like(losses))
-        all_rewards = torch.where(trained, rewards.detach()[order.clamp(max=slots - 1)], torch.zeros_like(pi))
+        place = (trained.long().cumsum(0) - 1).clamp(min=0)  # a trained sequence's slot in the packed order
+        all_rewards = torch.where(trained, rewards.detach()[place], torch.zeros_like(pi))
         self.last_outputs = TokenOutputs({"logprobs": logprobs.detach()}, view.segments, {"reward": all_rewards})
         return losses.sum(), pairs
 
