@@ -108,6 +108,7 @@ def run_hand_written(config: Any, batch: dict[str, Any], mode: str, steps: int) 
     """What an ML engineer writes by hand: the base in bf16 under LoRA (fp32 for full training), autocast."""
     import torch
     from peft import LoraConfig, get_peft_model
+    from reference_loop import timed_steps
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -116,22 +117,8 @@ def run_hand_written(config: Any, batch: dict[str, Any], mode: str, steps: int) 
         model = model.to(torch.bfloat16)
         torch.manual_seed(2)
         model = get_peft_model(model, LoraConfig(**LORA))  # peft keeps the adapters in fp32
-    model = model.cuda().train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=LR)
-    batch = {k: v.cuda() for k, v in batch.items()}
-    times, losses = [], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(**batch, use_cache=False).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+    losses: list[float] = []
+    times = timed_steps(model.cuda().train(), batch, steps, "cuda", torch.bfloat16, LR, losses)
     return times, losses
 
 

@@ -88,32 +88,15 @@ def _run_twinkle(config, batch, steps: int, device: str, precision: str, losses:
 
 
 def _run_peft_loop(config, batch, steps: int, device: str, precision: str, losses: list[float]) -> list[float]:
-    import contextlib
-
     import torch
     from peft import LoraConfig, get_peft_model
+    from reference_loop import timed_steps
 
     model = _base_model(config)
     torch.manual_seed(2)
     model = get_peft_model(model.to(device), LoraConfig(**LORA)).train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=LR)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    batch = {k: v.to(device) for k, v in batch.items()}
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        amp = torch.autocast(device, dtype=dtype) if dtype else contextlib.nullcontext()
-        with amp:
-            loss = model(**batch, use_cache=False).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return times
+    return timed_steps(model, batch, steps, device, dtype, LR, losses)
 
 
 def _run_hf_trainer(config, batch, steps: int, device: str, precision: str, losses: list[float]) -> list[float]:
