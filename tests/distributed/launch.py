@@ -31,13 +31,13 @@ class JobResult:
 
 
 def torchrun(script: str, args: list[str], out_dir: Path, nproc: int = 2,
-             timeout: float = 300) -> JobResult:
+             timeout: float = 300, env: dict[str, str] | None = None) -> JobResult:
     """``torchrun --standalone --nproc_per_node=nproc script out_dir *args``; a hang becomes a TimeoutExpired failure.
 
     ``--standalone``: torchrun binds a free port itself, so parallel runs never collide (a fixed port did).
     """
     env = {**os.environ, "DIST_TEST_OUT": str(out_dir), "TWINKLE_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1"}
+           "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1", **(env or {})}
     env.pop("WORLD_SIZE", None)
     command = [*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(SCRIPTS / script),
                str(out_dir), *args]
