@@ -19,7 +19,7 @@ def test_muon_full_model_splits_matrices_from_the_rest() -> None:
     model.set_optimizer("Muon", lr=0.02, adjust_lr_fn="match_rms_adamw")
     opt = model.optimizer_group["default"].optimizer
     assert isinstance(opt, MuonWithAdamW)
-    hf = model._hf_model()
+    hf = model.backend.hf_model()
     muon_ids = {id(p) for g in opt.muon.param_groups for p in g["params"]}
     adamw_ids = {id(p) for g in opt.adamw.param_groups for p in g["params"]}
     embeddings = {id(hf.get_input_embeddings().weight), id(hf.get_output_embeddings().weight)}

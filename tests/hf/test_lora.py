@@ -39,7 +39,7 @@ def test_two_adapters_train_independently() -> None:
     model.set_optimizer("AdamW", lr=1e-2, adapter_name="first")
     model.set_optimizer("SGD", lr=1e-1, adapter_name="second")
     model.set_loss("CrossEntropyLoss", adapter_name="second", reduction="sum")
-    base_before = {k: v.clone() for k, v in model._hf_model().state_dict().items() if "lora" not in k}
+    base_before = {k: v.clone() for k, v in model.backend.hf_model().state_dict().items() if "lora" not in k}
     second_before = {k: v.clone() for k, v in model.get_state_dict(adapter_name="second").items()}
 
     model.forward_backward(inputs=make_batch(1), adapter_name="first")
@@ -54,7 +54,7 @@ def test_two_adapters_train_independently() -> None:
     assert model.optimizer_group["second"].cur_step == 1
     assert any(not torch.equal(v, second_before[k]) for k, v in model.get_state_dict(adapter_name="second").items())
     assert all(torch.equal(v, first_after[k]) for k, v in model.get_state_dict(adapter_name="first").items())
-    base_after = {k: v for k, v in model._hf_model().state_dict().items() if "lora" not in k}
+    base_after = {k: v for k, v in model.backend.hf_model().state_dict().items() if "lora" not in k}
     assert all(torch.equal(base_after[k], v) for k, v in base_before.items())
     with pytest.raises(ValueError, match="pass adapter_name="):
         model.forward_backward(inputs=make_batch(4))
@@ -104,7 +104,7 @@ def test_adapter_added_from_a_saved_directory(tmp_path) -> None:
     torch.testing.assert_close(fresh.forward_only(inputs=batch).logits, model.forward_only(inputs=batch).logits,
                                rtol=0, atol=0)
     fresh.set_optimizer("SGD", lr=0.1)  # trainable again
-    assert all(p.requires_grad for p in fresh._group_parameters(fresh.optimizer_group["restored"]))
+    assert all(p.requires_grad for p in fresh.backend.parameters(fresh.optimizer_group["restored"]))
 
 
 def test_full_checkpoint_loads_with_transformers(tmp_path) -> None:

@@ -26,7 +26,7 @@ def test_lora_and_full_step(family: str) -> None:
     lora = make_model(family, seed=1)
     lora.add_adapter_to_model("sft", LoraConfig(r=4, lora_alpha=16, target_modules="all-linear"))
     lora.set_optimizer("Muon", lr=0.05, adjust_lr_fn="match_rms_adamw")
-    base = {k: v.clone() for k, v in lora._hf_model().state_dict().items() if "lora_" not in k}
+    base = {k: v.clone() for k, v in lora.backend.hf_model().state_dict().items() if "lora_" not in k}
     adapter_before = tensor_hash(lora.get_state_dict())
     losses = []
     for _ in range(3):
@@ -34,5 +34,5 @@ def test_lora_and_full_step(family: str) -> None:
         lora.clip_grad_and_step()
     assert tensor_hash(lora.get_state_dict()) != adapter_before
     assert losses[-1] < losses[0]
-    after = lora._hf_model().state_dict()
+    after = lora.backend.hf_model().state_dict()
     assert all(torch.equal(after[k], v) for k, v in base.items())

@@ -41,7 +41,7 @@ def test_gradient_checkpointing_gives_the_same_training_with_a_lower_peak(lora):
             model.add_adapter_to_model("sft", LoraConfig(r=4, target_modules="all-linear"))
         model.set_optimizer("AdamW", lr=1e-2)
         runs[checkpointing] = _train(model)
-        assert model._hf_model().is_activation_checkpointing is checkpointing
+        assert model.backend.hf_model().is_activation_checkpointing is checkpointing
     (plain_losses, plain_peak, plain_state), (ckpt_losses, ckpt_peak, ckpt_state) = runs[False], runs[True]
     assert ckpt_losses == pytest.approx(plain_losses, rel=1e-6, abs=0)  # recomputation is the same arithmetic
     for key, value in plain_state.items():
@@ -122,7 +122,7 @@ def test_a_multi_tenant_model_takes_gradient_checkpointing_with_the_same_losses(
         torch.manual_seed(0)
         model = MultiLoraTransformersModel(config=tiny_config(), mixed_precision="no", max_loras=2, max_r=4,
                                            gradient_checkpointing=checkpointing)
-        assert model._hf_model().is_gradient_checkpointing is checkpointing
+        assert model.backend.hf_model().is_gradient_checkpointing is checkpointing
         model.acquire_lora("t", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"), seed=1)
         model.set_optimizer("AdamW", lr=1e-2, adapter_name="t")
         losses[checkpointing] = []

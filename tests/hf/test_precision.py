@@ -128,9 +128,9 @@ def test_lora_holds_the_frozen_base_in_low_precision_and_adapters_in_fp32(precis
     model = make_model(seed=5, mixed_precision=precision, config=tiny_config("qwen2", tie_word_embeddings=True))
     model.add_adapter_to_model("a", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["norm"]))
     model.add_adapter_to_model("b", LoraConfig(r=4, target_modules=["k_proj"]))
-    hf = model._hf_model()
+    hf = model.backend.hf_model()
     assert hf.get_input_embeddings().weight is hf.get_output_embeddings().weight  # still tied
-    trainable = {id(p) for g in model.optimizer_group.values() for p in model._group_parameters(g)}
+    trainable = {id(p) for g in model.optimizer_group.values() for p in model.backend.parameters(g)}
     for name, param in model.model.named_parameters():
         assert param.dtype == (torch.float32 if id(param) in trainable else low), name
     assert any(".modules_to_save.a." in n for n, _ in model.model.named_parameters())

@@ -28,7 +28,7 @@ def _model():
 
 def _grads(model, tenant):
     spec = model.slots.specs[model.multi_lora.get(tenant).adapter_name]
-    return [p.grad.clone() for p in model.slots.parameters(spec)]
+    return [p.grad.clone() for p in model.slots.spec_parameters(spec)]
 
 
 def test_fused_gradients_losses_and_updates_equal_the_sequential_path():
@@ -84,7 +84,7 @@ def test_bad_multi_batches_are_refused_without_state_change():
     with pytest.raises(ValueError, match="causal_lm"):
         model.forward_backward_multi({"a": make_batch(1)}, task="embedding")
     assert {t: (g.micro_step, g.total_micro_steps) for t, g in model.optimizer_group.items()} == before
-    assert all(p.grad is None for t in TENANTS for p in model.slots.parameters(model.slots.specs[
+    assert all(p.grad is None for t in TENANTS for p in model.slots.spec_parameters(model.slots.specs[
         model.multi_lora.get(t).adapter_name]))
 
 

@@ -97,7 +97,7 @@ def test_a_mixed_batch_trains_like_plain_transformers(family):
 
 
 def test_blank_vision_passes_run_the_tower_and_change_no_real_gradient():
-    from twinkle_hf.model.vision_lockstep import extra_vision_passes
+    from twinkle_hf.model.vision_lockstep import VisionLockstep, extra_vision_passes
 
     ds = encoded("qwen2_5_vl", image_rows(2), text_rows(2))
     vl = model("qwen2_5_vl")
@@ -114,7 +114,7 @@ def test_blank_vision_passes_run_the_tower_and_change_no_real_gradient():
         vl.model.zero_grad(set_to_none=True)
         calls.clear()
         if passes:
-            with extra_vision_passes(vl._hf_model(), vl._blank_vision_inputs(), passes):
+            with extra_vision_passes(vl.backend.hf_model(), VisionLockstep(vl.backend).blank_inputs(), passes):
                 loss = vl.forward_backward(inputs=rows, adapter_name="sft")
         else:
             loss = vl.forward_backward(inputs=rows, adapter_name="sft")

@@ -28,7 +28,7 @@ def test_set_optimizer_refuses_a_bad_lr_and_keeps_the_old_optimizer(model, lr) -
     before = group.optimizer
     with pytest.raises(ValueError, match=rf"lr={lr!r}.*finite number >= 0"):
         model.set_optimizer("AdamW", lr=lr)
-    instance = torch.optim.SGD(model._group_parameters(group), lr=0.1)
+    instance = torch.optim.SGD(model.backend.parameters(group), lr=0.1)
     instance.param_groups[0]["lr"] = lr
     with pytest.raises(ValueError, match="finite number >= 0"):
         model.set_optimizer(instance)

@@ -11,15 +11,15 @@ from peft import LoraConfig
 
 def test_adapter_optimizer_over_another_adapters_parameters_is_refused() -> None:
     model = lora_model(adapters=("a", "b"))
-    b_params = model._group_parameters(model.optimizer_group["b"])
+    b_params = model.backend.parameters(model.optimizer_group["b"])
     before = model_state_hash(model)
     with pytest.raises(ValueError, match=r"holds \d+ parameters? that group 'a' does not train.*b"):
         model.set_optimizer(torch.optim.AdamW(b_params, lr=1e-2), adapter_name="a")
     assert model_state_hash(model) == before
-    mixed = model._group_parameters(model.optimizer_group["a"]) + b_params[:1]
+    mixed = model.backend.parameters(model.optimizer_group["a"]) + b_params[:1]
     with pytest.raises(ValueError, match="does not train"):
         model.set_optimizer(torch.optim.SGD(mixed, lr=1e-2), adapter_name="a")
-    own = model._group_parameters(model.optimizer_group["a"])
+    own = model.backend.parameters(model.optimizer_group["a"])
     model.set_optimizer(torch.optim.SGD(own, lr=1e-2), adapter_name="a")  # its own parameters: accepted
     assert model.optimizer_group["a"].optimizer.param_groups[0]["params"][0] is own[0]
 
@@ -42,7 +42,7 @@ def test_tenant_optimizer_over_another_tenants_slot_is_refused_and_b_stays_put()
         model.multi_lora.acquire_lora(tenant, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
         model.set_optimizer("AdamW", lr=1e-2, adapter_name=tenant)
     b_state = {k: v.clone() for k, v in model.get_state_dict(adapter_name="b").items()}
-    b_params = model._group_parameters(model._group("b"))
+    b_params = model.backend.parameters(model._group("b"))
     with pytest.raises(ValueError, match=r"does not train"):
         model.set_optimizer(torch.optim.SGD(b_params, lr=1.0), adapter_name="a")
     model.forward_backward(inputs=make_batch(0), adapter_name="a")

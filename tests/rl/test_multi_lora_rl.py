@@ -97,14 +97,14 @@ def test_rl_step_of_several_tenants_at_once_equals_each_tenants_own(multi):
         multi.set_loss("grpo", beta=0.1, adapter_name=tenant)
         multi.set_optimizer("SGD", lr=0.0, adapter_name=tenant)
     losses = multi.forward_backward_multi(batches)
-    together = {t: [p.grad.clone() for p in multi._group_parameters(multi._group(t))] for t in TENANTS}
+    together = {t: [p.grad.clone() for p in multi.backend.parameters(multi._group(t))] for t in TENANTS}
     outputs = {t: multi.get_loss_outputs(adapter_name=t) for t in TENANTS}
     for t in TENANTS:
         multi.zero_grad(adapter_name=t)
     for tenant, batch in batches.items():
         alone = multi.forward_backward(inputs=batch, adapter_name=tenant)
         assert alone == pytest.approx(losses[tenant], rel=1e-5)
-        for got, want in zip(together[tenant], (p.grad for p in multi._group_parameters(multi._group(tenant)))):
+        for got, want in zip(together[tenant], (p.grad for p in multi.backend.parameters(multi._group(tenant)))):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
         own = multi.get_loss_outputs(adapter_name=tenant)
         assert len(own) == len(outputs[tenant]) == 3

@@ -94,7 +94,7 @@ def test_default_stop_is_the_models_eos(lora_model):
     sampler = TorchSampler(lora_model)
     free = sampler.sample([PROMPTS[2]], SamplingParams(max_tokens=8, seed=9, stop=[]), adapter_name="a")[0]
     eos = free.sequences[0].tokens[2]
-    config = lora_model._hf_model().config
+    config = lora_model.backend.hf_model().config
     previous, config.eos_token_id = config.eos_token_id, eos
     try:
         ended = sampler.sample([PROMPTS[2]], SamplingParams(max_tokens=8, seed=9), adapter_name="a")[0]

@@ -22,7 +22,7 @@ def test_the_model_options_of_the_trainer_apply_to_the_served_model():
     config = _config(gradient_checkpointing=True, strategy="native_fsdp")
     targets = layer_families(resolve_path(config.model.model_id))
     model = build_model(config, targets)
-    assert model.strategy == "native_fsdp" and model._hf_model().is_gradient_checkpointing
-    assert not build_model(_config(), targets)._hf_model().is_gradient_checkpointing
+    assert model.strategy == "native_fsdp" and model.backend.hf_model().is_gradient_checkpointing
+    assert not build_model(_config(), targets).backend.hf_model().is_gradient_checkpointing
     with pytest.raises(ConfigError, match="model.strategy: MultiLoraMegatronModel takes no strategy"):
         build_model(_config(type="MultiLoraMegatronModel", strategy="native_fsdp"), targets)

@@ -40,7 +40,7 @@ def test_fields_change_what_they_should_and_nothing_else(tmp_path: Path) -> None
     reference.fit()
     wd, ref = tmp_path / "wd" / "checkpoints", tmp_path / "ref" / "checkpoints"
     assert_bitwise_equal(load_weights(wd / "step-00000004" / "model"), load_weights(ref / "step-00000004" / "model"))
-    assert trainer.model.strategy == "native_fsdp" and trainer.model._hf_model().is_activation_checkpointing
+    assert trainer.model.strategy == "native_fsdp" and trainer.model.backend.hf_model().is_activation_checkpointing
 
     records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4] and all(r["grad_norm"] > 1e-3 for r in records)

@@ -74,7 +74,7 @@ def trainable_state(model: Any, adapter: str | None = None) -> dict[str, torch.T
 
     group = model._group(adapter)
     names = {id(p): n for n, p in model.model.named_parameters()}
-    return {names[id(p)]: full_tensor(p.detach()).clone() for p in model._group_parameters(group)}
+    return {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
 
 
 def train(model: Any, batches: list[dict[str, torch.Tensor]], adapter: str | None = None, task: str = "causal_lm",
@@ -101,7 +101,7 @@ def train(model: Any, batches: list[dict[str, torch.Tensor]], adapter: str | Non
     layout = (tuple(first.device_mesh.shape), [str(p) for p in first.placements]) \
         if hasattr(first, "device_mesh") else None
     return {"losses": losses, "metrics": metrics, "params": trainable_state(model, adapter), "layout": layout,
-            "wrapped": model.dist_plan.kind}
+            "wrapped": model.backend.dist_plan.kind}
 
 
 def logits(model: Any, batch: dict[str, torch.Tensor], adapter: str | None = None) -> torch.Tensor:
@@ -374,7 +374,7 @@ def sc_load(strategy: str, lora: bool, mixed_precision: str = "no", fsdp: int = 
     params = {n: full_tensor_of(p) for n, p in model.model.named_parameters()}
     buffers = {n: b.detach().clone() for n, b in model.model.named_buffers()}
     dtypes = sorted({(str(p.dtype), p.requires_grad) for p in model.model.parameters()})
-    hf = model._hf_model()
+    hf = model.backend.hf_model()
     tied_now = hf.get_input_embeddings().weight is hf.get_output_embeddings().weight
     result = train(model, global_batches(2), adapter=adapter)
     return {"initial": params, "buffers": buffers, "dtypes": dtypes, "losses": result["losses"],

@@ -65,7 +65,7 @@ def run(mode: str = "ddp") -> dict:
     losses["c"] = [model.forward_backward(inputs=rows(make_batch(77, rows=4), rank, world), adapter_name="c")]
     model.clip_grad_and_step(adapter_name="c")
     return {"losses": losses, "b": state_b, "c": model.get_state_dict(adapter_name="c"),
-            "names": model.multi_lora.names(), "kind": model.dist_plan.kind}
+            "names": model.multi_lora.names(), "kind": model.backend.dist_plan.kind}
 
 
 def main() -> None:

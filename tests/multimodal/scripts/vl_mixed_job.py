@@ -63,9 +63,9 @@ def mixed_run(strategy: str = "native_fsdp") -> dict:
         images.append(sum(len(row["images"]) for row in batch))
         losses.append(float(vl.forward_backward(inputs=batch)))
         grads.append({names[id(p)]: None if p.grad is None else full_tensor(p.grad).clone()
-                      for p in vl._group_parameters(group)})
+                      for p in vl.backend.parameters(group)})
         vl.clip_grad_and_step()
-    return {"losses": losses, "grads": grads, "images": images, "kind": vl.dist_plan.kind}
+    return {"losses": losses, "grads": grads, "images": images, "kind": vl.backend.dist_plan.kind}
 
 
 def main() -> None:

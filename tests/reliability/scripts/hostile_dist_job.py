@@ -109,7 +109,7 @@ def main() -> None:
     result["user_dir"] = refused(model, lambda: model.save("user_project", output_dir=str(out), adapter_name="a"))
     result["user_file_kept"] = (out / "user_project" / "notes.md").is_file()
 
-    param = model._group_parameters(model.optimizer_group["a"])[0]
+    param = model.backend.parameters(model.optimizer_group["a"])[0]
     local = param.to_local() if hasattr(param, "to_local") else param
     kept = local.detach().clone()
     if rank == 1 and local.numel():

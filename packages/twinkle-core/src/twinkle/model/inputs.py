@@ -29,11 +29,13 @@ def default_processor(pad_token_id: int, template: Any = None) -> Any:
     return InputProcessor(pad_token_id=pad_token_id)
 
 
-def collate(inputs: Any, group: OptimizerGroup, pad_token_id: int, vocab_size: int | None = None) -> dict[str, Any]:
+def collate(inputs: Any, group: OptimizerGroup, pad_token_id: int, vocab_size: int | None = None,
+            max_length: int | None = None) -> dict[str, Any]:
     """A checked dict of tensors from a dict batch or from a list of encoded (or raw, with a template) rows.
 
     The result passed :func:`~twinkle.model.batch_check.check_batch` (shapes agree, not empty, and
-    with ``vocab_size`` every token id and trained label inside the vocabulary).
+    with ``vocab_size`` every token id and trained label inside the vocabulary) and, with
+    ``max_length`` (a multi-LoRA model's bound), has no longer rows.
     """
     if isinstance(inputs, Mapping):
         batch = inputs
@@ -50,6 +52,8 @@ def collate(inputs: Any, group: OptimizerGroup, pad_token_id: int, vocab_size: i
                         f"{type(inputs).__name__}.")
     batch = {k: as_tensor(v) for k, v in batch.items()}
     check_batch(batch, vocab_size, group.loss)
+    if max_length is not None:
+        check_row_length(batch, max_length)
     return batch
 
 

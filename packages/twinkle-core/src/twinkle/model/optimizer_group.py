@@ -162,6 +162,7 @@ class OptimizerGroup:
     total_micro_steps: int = 0
     window_items: Any = 0
     window_ref_items: Any = 0
+    window_ref_taken: bool = False
     grad_norm: float | None = None
     window_grad_norm: float | None = None
     window_finite: Any = True
@@ -201,15 +202,14 @@ class OptimizerGroup:
 
         Item counts may be device tensors: nothing here forces a host sync.
         """
-        if self.micro_step == 0:
+        if self.micro_step == 0 and not self.window_ref_taken:  # the window's first backward (of its first piece)
             self.window_ref_items = at_least_one(num_items)
+            self.window_ref_taken = True
         return self.window_ref_items
 
-    def record_backward(self, num_items: Any) -> None:
-        """Count a backward of the loss held in ``last_loss`` (its finiteness is kept as a device flag)."""
-        loss = self.last_loss
-        if hasattr(loss, "isfinite"):
-            finite = loss.detach().isfinite().all()
+    def record_backward(self, num_items: Any, finite: Any = True) -> None:
+        """Count one micro-batch's backward over ``num_items``; ``finite`` (a device flag) says its loss was finite."""
+        if finite is not True:
             self.window_finite = finite if self.window_finite is True else self.window_finite & finite
         self.micro_step += 1
         self.total_micro_steps += 1
@@ -273,6 +273,7 @@ class OptimizerGroup:
         self.micro_step = 0
         self.window_items = 0
         self.window_ref_items = 0
+        self.window_ref_taken = False
         self.window_grad_norm = None
         self.window_finite = True
         self.grads_ready = False

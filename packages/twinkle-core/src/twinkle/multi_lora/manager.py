@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -67,13 +67,17 @@ class MultiLora:
     """Slot manager: ``acquire_lora`` / ``release_lora`` / ``adapter()`` / lookups by tenant."""
 
     def __init__(self, backend: SlotBackend, max_loras: int, max_r: int, slot_config: Any,
-                 prefix: str = "lora_") -> None:
+                 prefix: str = "lora_", *, lock: Any = None, on_activate: Callable[[LoraTenant], None] | None = None,
+                 on_reset: Callable[[LoraTenant], None] | None = None) -> None:
         for option, value in (("max_loras", max_loras), ("max_r", max_r)):
             check_int(value, option)
         self.backend = backend
         self.max_loras = max_loras
         self.max_r = max_r
-        self.lock = threading.RLock()
+        self.lock = lock if lock is not None else threading.RLock()
+        # what the model does when a slot gets or loses a tenant (its optimizer group), beside the slot's tensors
+        self._on_activate = on_activate
+        self._on_reset = on_reset
         self._local = threading.local()
         self.tenants: list[LoraTenant] = [LoraTenant(i, f"{prefix}{i}", copy.deepcopy(slot_config))
                                          for i in range(max_loras)]
@@ -116,9 +120,10 @@ class MultiLora:
             free.tenant_adapter_name, free.tenant_config = tenant, config
             try:
                 self.backend.activate_tenant(free)
+                if self._on_activate is not None:
+                    self._on_activate(free)
             except BaseException:
-                self.backend.reset_slot(free)
-                free.tenant_adapter_name = free.tenant_config = None
+                self._reset(free)
                 raise
             return free.adapter_name
 
@@ -139,9 +144,13 @@ class MultiLora:
     def release_lora(self, tenant: str) -> None:
         """Free ``tenant``'s slot: weights back to their initial state, training state dropped."""
         with self.lock:
-            slot = self.get(tenant)
-            self.backend.reset_slot(slot)
-            slot.tenant_adapter_name = slot.tenant_config = None
+            self._reset(self.get(tenant))
+
+    def _reset(self, slot: LoraTenant) -> None:
+        self.backend.reset_slot(slot)
+        if self._on_reset is not None:
+            self._on_reset(slot)
+        slot.tenant_adapter_name = slot.tenant_config = None
 
     @contextmanager
     def adapter(self, tenant: str) -> Iterator[str]:

@@ -1,25 +1,14 @@
-"""What every backend's multi-LoRA model shares about a tenant: its spec, and one call at a time.
-
-:class:`TenantSpec` is how a tenant uses its slot (rank, scaling, dropout, targeted layers);
-:func:`serialize_calls` makes a model class run its public methods under the manager's lock, so
-two threads driving two tenants take turns call by call.
-"""
+"""What every backend's multi-LoRA model shares about a tenant: :class:`TenantSpec`, how a tenant uses
+its slot (rank, scaling, dropout, targeted layers)."""
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from twinkle.checkpoint.errors import CheckpointError
-
-#: Public TwinkleModel methods a multi-LoRA model runs under ``multi_lora.lock``.
-LOCKED_METHODS = ("forward", "forward_only", "calculate_loss", "backward", "forward_backward", "clip_grad_norm",
-                  "step", "zero_grad", "lr_step", "clip_grad_and_step", "set_loss", "set_optimizer",
-                  "set_lr_scheduler", "add_metric", "calculate_metric", "set_template", "set_processor", "save",
-                  "load", "resume_from_checkpoint", "get_state_dict", "set_optimizer_params")
 
 
 @dataclass
@@ -65,18 +54,3 @@ class TenantSpec:
                                   f"{len(self.targets)} layers): key differences {differ}, shape mismatches "
                                   f"{shapes}. Load it into a tenant acquired with the adapter's own LoraConfig.")
 
-
-def serialize_calls(cls: type, extra: tuple[str, ...] = ()) -> type:
-    """Wrap :data:`LOCKED_METHODS` (and ``extra``) of ``cls`` to run under ``self.multi_lora.lock``."""
-    for name in (*LOCKED_METHODS, *extra):
-        setattr(cls, name, _locked(getattr(cls, name)))
-    return cls
-
-
-def _locked(method: Any) -> Any:
-    @functools.wraps(method)
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with self.multi_lora.lock:
-            return method(self, *args, **kwargs)
-
-    return call

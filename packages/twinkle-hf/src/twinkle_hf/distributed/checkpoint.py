@@ -47,9 +47,9 @@ def optimizers_of(optimizer: Any) -> list[Any]:
     return list(inner) if inner is not None else [optimizer]
 
 
-def trainable_params(owner: Any, group: Any) -> dict[str, torch.Tensor]:
-    ids = {id(p) for p in owner._group_parameters(group)}
-    return {n: p for n, p in owner.model.named_parameters() if id(p) in ids}
+def trainable_params(backend: Any, group: Any) -> dict[str, torch.Tensor]:
+    ids = {id(p) for p in backend.parameters(group)}
+    return {n: p for n, p in backend.module.named_parameters() if id(p) in ids}
 
 
 def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool,
@@ -64,7 +64,7 @@ def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool,
 
     state = {DCP_MODEL: {n: p.detach() for n, p in trainable_params(owner, group).items()}}
     if save_optimizer and group.optimizer is not None:
-        state[DCP_OPTIMIZER] = get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))
+        state[DCP_OPTIMIZER] = get_optimizer_state_dict(owner.module, optimizers_of(group.optimizer))
     if async_save:  # its writer thread ends with a gather: on a group of its own, never the training's
         pending = [dcp.async_save(state, checkpoint_id=str(directory / DCP_STATE),
                                   process_group=collective.background_group())]
@@ -119,7 +119,7 @@ def load_sharded(owner: Any, group: Any, directory: Path, with_training_state: b
     if side is None:
         return
     dcp_load(*_dcp_part(directory, DCP_OPTIMIZER, side["optimizer"]))
-    set_optimizer_state_dict(owner.model, optimizers_of(group.optimizer), side["optimizer"])
+    set_optimizer_state_dict(owner.module, optimizers_of(group.optimizer), side["optimizer"])
     apply_side_states(group, side)
 
 
@@ -152,7 +152,7 @@ def _read_side_files(owner: Any, group: Any, directory: Path) -> dict[str, Any]:
     if group.optimizer is None:
         raise RuntimeError(f"resume_from_checkpoint restores the optimizer of group {group.name!r}, which has none: "
                            "call set_optimizer first, or pass resume_only_model=True.")
-    optimizer = get_optimizer_state_dict(owner.model, optimizers_of(group.optimizer))
+    optimizer = get_optimizer_state_dict(owner.module, optimizers_of(group.optimizer))
     _check_dcp(directory, DCP_OPTIMIZER, optimizer, "optimizer state")
     rng = directory / rng_file(collective.rank())
     rng = rng if rng.is_file() else directory / RNG_FILE
@@ -203,7 +203,7 @@ def load_export(owner: Any, group: Any, directory: Path) -> None:
     from twinkle_hf.model.weights import ADAPTER_WEIGHTS, _read_safetensors
 
     if not group.is_adapter:
-        fill_from_checkpoint(owner._hf_model(), directory)
+        fill_from_checkpoint(owner.hf_model(), directory)
         return
     path = directory / ADAPTER_WEIGHTS
     if not path.is_file():

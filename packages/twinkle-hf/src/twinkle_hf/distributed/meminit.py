@@ -49,25 +49,32 @@ def on_meta(model: torch.nn.Module) -> bool:
     return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
 
 
-def before_wrap(owner: Any) -> dict[str, torch.Tensor] | None:
-    """Give meta ranks storage (DDP) and keep rank 0's full state for the FSDP2 broadcast."""
-    model = owner.model
-    if owner.dist_plan.kind == "ddp":
+def before_wrap(backend: Any) -> dict[str, torch.Tensor] | None:
+    """Give meta ranks storage (DDP) and keep rank 0's full state for the FSDP2 broadcast.
+
+    Rank 0's full state must outlive the sharding (which replaces the module's parameters) and must not
+    pin the unsharded weights on the accelerator: CPU tensors are kept as they are (no copy; the module
+    stays on the CPU until it is sharded), anything on a device is copied to the CPU.
+    """
+    model = backend.module
+    if backend.dist_plan.kind == "ddp":
         if on_meta(model):
-            model.to_empty(device=owner.device)
+            model.to_empty(device=backend.device)
         return None
-    return dict(model.state_dict()) if collective.rank() == 0 else None
+    if collective.rank() != 0:
+        return None
+    return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
 
 
-def after_wrap(owner: Any, full_state: dict[str, torch.Tensor] | None) -> None:
+def after_wrap(backend: Any, full_state: dict[str, torch.Tensor] | None) -> None:
     """FSDP2: fill every rank's shards (and the non-state buffers) from rank 0's full weights."""
-    if owner.dist_plan.kind == "ddp":
+    if backend.dist_plan.kind == "ddp":
         return  # DDP's constructor already broadcast rank 0's parameters and buffers
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    model = owner.model
+    model = backend.module
     if on_meta(model):
-        model.to_empty(device=owner.device)
+        model.to_empty(device=backend.device)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, full_state if full_state is not None else {}, options=options)
     persistent = set(model.state_dict())

@@ -164,3 +164,56 @@ def check_sharded(model: torch.nn.Module, strategy: str) -> None:
         raise RuntimeError(f"strategy={strategy!r} left {len(plain)} parameters unsharded (e.g. {plain[:3]}); "
                            "FSDP2 did not apply. Check the accelerate/torch versions, or use "
                            "strategy='native_fsdp'.")
+
+
+def parallelize(backend: Any) -> None:
+    """Wrap ``backend.module`` for its plan, once, in torchtitan's visible order.
+
+    Called by ``set_optimizer`` (or ``model.parallelize()``) after every adapter exists: peft must
+    inject LoRA layers before DDP/FSDP2 see the parameters. Built on meta (FSDP2 sharded loading):
+    shard -> storage for this rank's shards only -> its slices read from the checkpoint files.
+    ``memory_efficient_init``: rank 0's full weights reach the other ranks once wrapped. A VL model
+    under FSDP2 gets its vision lockstep (``vision_lockstep.py``); under DDP, a trained vision tower
+    makes DDP look for unused parameters (text-only micro-batches leave it without a gradient).
+    """
+    from twinkle.log import get_logger
+    from twinkle_hf.model.vision import is_multimodal
+    from twinkle_hf.model.vision_lockstep import VisionLockstep, needs_unused_search
+
+    plan = backend.dist_plan
+    if not plan.distributed:
+        return
+    hf = backend.hf_model()
+    full_state = kept = None
+    if backend.memory_efficient_pending:
+        from twinkle_hf.distributed import meminit
+
+        full_state = meminit.before_wrap(backend)
+    if backend.weights_dir is not None:  # built on meta: adapters and buffers are the only real values yet
+        from twinkle_hf.distributed import shard_load
+
+        kept = shard_load.real_tensors(backend.module)
+    if plan.kind == "ddp":
+        if needs_unused_search(hf):
+            backend.ddp_config.setdefault("find_unused_parameters", True)
+        module = backend.module
+        adapters = len(getattr(module, "peft_config", {}) or {}) if hasattr(module, "peft_config") else 0
+        backend.ddp = wrap_ddp(module, backend.run_unwrapped, backend.device, backend.ddp_config,
+                               multi_adapter=adapters > 1)
+    elif plan.kind == "fsdp2":
+        backend.layer_classes = wrap_fsdp2(backend.module, hf, plan, backend.device_mesh, backend.device,
+                                           backend.mixed_precision, backend.fsdp_config)
+    else:
+        backend.accelerator, backend.layer_classes = wrap_accelerate_fsdp2(
+            backend.module, hf, backend.device, backend.mixed_precision, backend.fsdp_config)
+    if kept is not None:  # storage for this rank's shards only, then its slices from the files
+        shard_load.materialize(backend.module, backend.device, kept)
+        shard_load.fill_from_checkpoint(backend.module, backend.weights_dir, skip=set(kept))
+        backend.weights_dir = None
+    if backend.memory_efficient_pending:
+        meminit.after_wrap(backend, full_state)
+        backend.memory_efficient_pending = False
+    if plan.sharded and is_multimodal(hf.config):
+        backend.vision = VisionLockstep(backend)
+    get_logger("twinkle_hf").info("wrapped for %s (world %d, layers %s)", plan.kind, plan.world_size,
+                                  backend.layer_classes)

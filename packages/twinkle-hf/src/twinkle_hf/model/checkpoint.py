@@ -1,4 +1,4 @@
-"""How TransformersModel writes and reads checkpoints (the public save/load/resume are core's).
+"""How TransformersModel writes and reads checkpoint files (``twinkle.checkpoint.manager.CheckpointState``).
 
 A checkpoint directory holds HF-loadable weights (a ``save_pretrained`` directory for the full
 model, a flat PEFT adapter directory for LoRA), the tokenizer (the template's, a VL template's
@@ -31,138 +31,154 @@ from twinkle.checkpoint import (
     torch_save,
     write_trainer_state,
 )
-from twinkle.model.checkpointing import CheckpointMixin as CoreCheckpointMixin
+from twinkle.checkpoint.tokenizer import save_tokenizer
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_hf.model.optim import check_optimizer_state
 from twinkle_hf.model.weights import (
     ADAPTER_WEIGHTS,
-    adapter_state_dict,
-    load_adapter_weights,
     load_full_weights,
-    save_adapter,
     save_full,
-    write_adapter,
 )
 
 
-class CheckpointMixin(CoreCheckpointMixin):
-    """How TransformersModel writes and reads its checkpoint files; the public methods are core's."""
+class HFCheckpointState:
+    """The files of an :class:`~twinkle_hf.model.backend.HFBackend`'s checkpoints: one process, sharded, async."""
 
-    supports_async_save = True
+    def __init__(self, backend: Any, supports_async: bool = True) -> None:
+        self.backend = backend
+        self.supports_async = supports_async
 
-    def _write_checkpoint(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
-                          consumed_train_samples: int) -> None:
-        if self.dist_plan.distributed:
+    def write(self, group: OptimizerGroup, final: Path, save_optimizer: bool, consumed_train_samples: int) -> None:
+        if self.backend.dist_plan.distributed:
             self._save_distributed(group, final, save_optimizer, consumed_train_samples).wait()
             return
         with atomic_directory(final) as tmp:
             self._save_weights(group, tmp)
             if save_optimizer:
                 self._save_training_state(group, tmp)
-            write_trainer_state(tmp, group.trainer_state(consumed_train_samples, mixed_precision=self.mixed_precision,
+            write_trainer_state(tmp, group.trainer_state(consumed_train_samples,
+                                                         mixed_precision=self.backend.mixed_precision,
                                                          has_optimizer_state=bool(save_optimizer)))
 
-    def _write_checkpoint_async(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
-                                consumed_train_samples: int) -> PendingSave:
+    def write_async(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
+                    consumed_train_samples: int) -> PendingSave:
         """Weights and optimizer go to DCP's ``async_save`` (the sharded layout, on one process too)."""
         return self._save_distributed(group, final, save_optimizer, consumed_train_samples, async_save=True)
 
-    def _load_checkpoint(self, group: OptimizerGroup, directory: Path) -> None:
-        if self.dist_plan.distributed and self._wrapped:
+    def load(self, group: OptimizerGroup, directory: Path) -> None:
+        backend = self.backend
+        if group.is_adapter:
+            backend.adapters.load(group, directory)
+            return
+        if backend.dist_plan.distributed and backend.wrapped:
             from twinkle_hf.distributed.checkpoint import load_export
 
-            load_export(self, group, directory)
+            load_export(backend, group, directory)
             return
-        if self._weights_dir is not None and not group.is_adapter:  # not sharded yet: read the shards from here
+        if backend.weights_dir is not None:  # not sharded yet: read the shards from here
             from twinkle_hf.model.meta import missing_from_files
             from twinkle_hf.model.weights import weight_files
 
             keys = weight_files(directory)
-            missing = missing_from_files(self._hf_model(), keys or {})
+            missing = missing_from_files(backend.hf_model(), keys or {})
             if keys is None or missing:
                 raise CheckpointError(f"{str(directory)!r} holds no safetensors weights for this model (missing e.g. "
                                       f"{missing[:3]}); load() takes a directory written by save() or "
                                       "save_pretrained().")
-            self._weights_dir = str(directory)
+            backend.weights_dir = str(directory)
             return
         self._load_weights(group, directory)
 
-    def _resume_weights(self, group: OptimizerGroup, directory: Path, resume_only_model: bool) -> None:
+    def resume(self, group: OptimizerGroup, directory: Path, resume_only_model: bool) -> None:
         from twinkle_hf.distributed.checkpoint import is_sharded, load_sharded
 
-        if self.dist_plan.distributed or is_sharded(directory):  # sharded, or an async save
-            self._ensure_wrapped()
-            load_sharded(self, group, directory, with_training_state=not resume_only_model)
+        backend = self.backend
+        if backend.dist_plan.distributed or is_sharded(directory):  # sharded, or an async save
+            self._require_wrapped("resume_from_checkpoint")
+            load_sharded(backend, group, directory, with_training_state=not resume_only_model)
             return
         restore = None if resume_only_model else self._read_training_state(group, directory)
         self._load_weights(group, directory)
         if restore is not None:
             self._apply_training_state(group, restore)
 
-    def _trainable_tensors(self, group: OptimizerGroup) -> Any:
+    def trainable_tensors(self, group: OptimizerGroup) -> Any:
         from twinkle_hf.distributed.checkpoint import trainable_params
 
-        self._materialize()
-        return trainable_params(self, group).items()
+        self._require_materialized("save")
+        return trainable_params(self.backend, group).items()
 
-    def _state_dict(self, group: OptimizerGroup) -> dict[str, Any]:
-        self._materialize()
-        state = adapter_state_dict(self.model, group.name) if group.is_adapter else self._hf_model().state_dict()
-        if self.dist_plan.sharded:  # full tensors, gathered from the shards (every rank takes part)
+    def state_dict(self, group: OptimizerGroup) -> dict[str, Any]:
+        backend = self.backend
+        self._require_materialized("get_state_dict")
+        state = backend.adapters.state_dict(group) if group.is_adapter else backend.hf_model().state_dict()
+        if backend.dist_plan.sharded:  # full tensors, gathered from the shards (every rank takes part)
             from twinkle_hf.distributed.checkpoint import gathered_state
 
             return gathered_state(state)
         return state
 
     # -------------------------------------------------------------- internals
-    def _materialize(self) -> None:
-        """Built on the meta device (FSDP2 sharded loading): the weights exist once wrapped and filled."""
-        if self._weights_dir is not None:
-            self._ensure_wrapped()
+    def _require_materialized(self, what: str) -> None:
+        """Built on the meta device (FSDP2 sharded loading): the weights exist once the model is parallelized."""
+        if not self.backend.materialized():
+            self._require_wrapped(what)
+
+    def _require_wrapped(self, what: str) -> None:
+        if self.backend.dist_plan.distributed and not self.backend.wrapped:
+            raise RuntimeError(f"{what} on a distributed model before it was wrapped: call set_optimizer(...) (or "
+                               "model.parallelize()) first; each rank holds its weights once the model is sharded.")
 
     def _save_distributed(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
                           consumed_train_samples: int, async_save: bool = False) -> PendingSave:
         """Every rank takes part: DCP shards from all, the HF export and small files from rank 0."""
         from twinkle_hf.distributed import checkpoint as dist_ckpt
 
-        self._ensure_wrapped()
+        backend = self.backend
+        self._require_wrapped("save")
         tmp = shared_temporary(final)
         try:
             if group.is_adapter:
-                state = dist_ckpt.gathered_state(adapter_state_dict(self.model, group.name))
+                state = dist_ckpt.gathered_state(backend.adapters.state_dict(group))
                 if collective.rank() == 0:
-                    write_adapter(self.model, group.name, state, tmp)
+                    backend.adapters.write(group, state, tmp)
             else:
-                dist_ckpt.save_full_export(self._hf_model(), tmp)
-            futures = dist_ckpt.save_sharded(self, group, tmp, save_optimizer, async_save=async_save)
+                dist_ckpt.save_full_export(backend.hf_model(), tmp)
+            futures = dist_ckpt.save_sharded(backend, group, tmp, save_optimizer, async_save=async_save)
             if collective.rank() == 0:
                 self._save_preprocessing(group, tmp)
                 write_trainer_state(tmp, group.trainer_state(
-                    consumed_train_samples, mixed_precision=self.mixed_precision,
-                    has_optimizer_state=bool(save_optimizer), world_size=self.dist_plan.world_size,
-                    strategy=self.dist_plan.kind))
+                    consumed_train_samples, mixed_precision=backend.mixed_precision,
+                    has_optimizer_state=bool(save_optimizer), world_size=backend.dist_plan.world_size,
+                    strategy=backend.dist_plan.kind))
         except BaseException:
             shared_commit(tmp, final, ok=False)
             raise
         return PendingSave(str(final), futures, lambda ok: shared_commit(tmp, final, ok))
 
+    def _save_preprocessing(self, group: OptimizerGroup, directory: Path) -> bool:
+        """What encodes like the group's template beside the weights (its tokenizer; a VL template: its
+        processor), else the tokenizer/processor files of the directory the model came from."""
+        return save_tokenizer(directory, group.template, self.backend.model_path)
+
     def _save_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:
-            save_adapter(self.model, group.name, directory)
+            adapters = self.backend.adapters
+            adapters.write(group, adapters.state_dict(group), directory)
         else:
-            save_full(self._hf_model(), directory)
+            save_full(self.backend.hf_model(), directory)
         self._save_preprocessing(group, directory)
 
     def _load_weights(self, group: OptimizerGroup, directory: Path) -> None:
         if group.is_adapter:
-            load_adapter_weights(self.model, group.name, directory)
+            self.backend.adapters.load(group, directory)
         else:
             if (directory / ADAPTER_WEIGHTS).is_file() and not any(directory.glob("model*.safetensors")):
                 raise CheckpointError(
                     f"{str(directory)!r} holds LoRA adapter weights but this model trains the full model; "
                     "add_adapter_to_model(name, LoraConfig(...)) first and pass adapter_name=."
                 )
-            load_full_weights(self._hf_model(), directory)
+            load_full_weights(self.backend.hf_model(), directory)
 
     def _save_training_state(self, group: OptimizerGroup, directory: Path) -> None:
         if group.optimizer is not None:

@@ -127,85 +127,21 @@ def _choice(name: str, value: str | None) -> str:
     return value
 
 
-class VisionMixin:
-    """Full-model training choices of a VL TransformersModel, and data-parallel ranks kept in step when
-    only some micro-batches hold images (see :mod:`twinkle_hf.model.vision_lockstep`).
+def require_vision_parts(hf_model: torch.nn.Module, what: str) -> VisionParts:
+    """The VL parts of ``hf_model``; a ValueError naming ``what`` for a text-only model."""
+    parts = vision_parts(hf_model)
+    if parts is None:
+        raise ValueError(f"{what} applies to vision-language models; {type(hf_model).__name__} has no vision tower.")
+    return parts
 
-    It comes first among TransformersModel's bases: its ``_run_forward`` and ``_ensure_wrapped`` wrap
-    the distributed ones.
-    """
 
-    _blank_vision: dict[str, Any] | None = None
-
-    def _ensure_wrapped(self) -> None:
-        """DDP looks for unused parameters when the vision tower or projector trains (text-only micro-batches)."""
-        from twinkle_hf.model.vision_lockstep import needs_unused_search
-
-        if not self._wrapped and self.dist_plan.kind == "ddp" and needs_unused_search(self._hf_model()):
-            self.ddp_config.setdefault("find_unused_parameters", True)
-        super()._ensure_wrapped()
-
-    def _run_forward(self, task: str, batch: dict[str, Any], pooling: str | None) -> Any:
-        """Under FSDP2, a rank without the images/videos another rank has runs the vision tower on a blank image."""
-        from contextlib import nullcontext
-
-        from twinkle_hf.model.vision_lockstep import extra_vision_passes, missing_passes
-
-        if not self.dist_plan.sharded or not is_multimodal(self._hf_model().config):
-            return super()._run_forward(task, batch, pooling)
-        blank = self._blank_vision_inputs()  # on every rank before agreeing: a failure stops all alike
-        passes = missing_passes(batch)
-        with extra_vision_passes(self._hf_model(), blank, passes) if passes else nullcontext():
-            return super()._run_forward(task, batch, pooling)
-
-    def _blank_vision_inputs(self) -> dict[str, Any]:
-        """``get_image_features`` inputs of one blank image, from the model's processor (built once)."""
-        if self._blank_vision is None:
-            from twinkle.multimodal.collate import blank_image_inputs
-            from twinkle_hf.model.vision_lockstep import image_features_inputs
-
-            inputs = blank_image_inputs(self._vision_processor())
-            self._blank_vision = image_features_inputs(self._hf_model(), {k: v.to(self.device)
-                                                                         for k, v in inputs.items()})
-        return self._blank_vision
-
-    def _vision_processor(self) -> Any:
-        """The processor of a group's VL template, else the one saved beside the model's weights."""
-        for group in self.optimizer_group.values():
-            if callable(getattr(group.template, "media_collator", None)):
-                return group.template.processor
-        if self.model_path is None:
-            raise ValueError(f"{type(self._hf_model()).__name__} was built from a config: give it its VL template "
-                             "(model.set_template('Qwen2_5VLTemplate', model_id=...)) so that data-parallel ranks "
-                             "can run the vision tower on a blank image when only some micro-batches hold images.")
-        from twinkle.multimodal.processor import load_processor
-
-        return load_processor(self.model_path)
-
-    def freeze_vision(self, vision_tower: bool = True, projector: bool = False) -> None:
-        """Full training: stop training the vision tower (and/or the projector); call before set_optimizer.
-
-        ``vision_tower=False, projector=False`` makes both trainable again.
-        """
-        from twinkle.model.optimizer_group import DEFAULT_GROUP
-
-        parts = vision_parts(self._hf_model())
-        if parts is None:
-            raise ValueError(f"freeze_vision applies to vision-language models; {type(self._hf_model()).__name__} "
-                             "has no vision tower.")
-        group = self.optimizer_group.get(DEFAULT_GROUP)
-        if self.is_peft or group is None:
-            raise RuntimeError("freeze_vision is for full-model training; a LoRA adapter chooses its parts with "
-                               "add_adapter_to_model(..., vision_tower=, projector=).")
-        if group.optimizer is not None:
-            raise RuntimeError("freeze_vision must come before set_optimizer (the optimizer holds the trainable "
-                               "parameters).")
-        model = self._hf_model()
-        projector_modules = [model.get_submodule(p) for p in parts.projector]
-        projector_ids = {id(p) for m in projector_modules for p in m.parameters()}
-        for param in model.get_submodule(parts.vision_tower).parameters():
-            if id(param) not in projector_ids:
-                param.requires_grad_(not vision_tower)
-        for module in projector_modules:
-            module.requires_grad_(not projector)
-
+def freeze_vision(hf_model: torch.nn.Module, vision_tower: bool = True, projector: bool = False) -> None:
+    """Full training: stop training the vision tower (and/or the projector); ``False, False`` trains both again."""
+    parts = require_vision_parts(hf_model, "freeze_vision")
+    projector_modules = [hf_model.get_submodule(p) for p in parts.projector]
+    projector_ids = {id(p) for m in projector_modules for p in m.parameters()}
+    for param in hf_model.get_submodule(parts.vision_tower).parameters():
+        if id(param) not in projector_ids:
+            param.requires_grad_(not vision_tower)
+    for module in projector_modules:
+        module.requires_grad_(not projector)

@@ -104,3 +104,52 @@ def needs_unused_search(hf_model: torch.nn.Module) -> bool:
         return False
     return any(p.requires_grad for name in (parts.vision_tower, *parts.projector)
                for p in hf_model.get_submodule(name).parameters())
+
+
+class VisionLockstep:
+    """Under FSDP2, a rank without the images/videos another rank has runs the vision tower on a blank image.
+
+    ``backend.groups`` (the model's optimizer groups) give the processor of a VL template for the blank
+    image; without one, the processor saved beside the model's weights.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._blank: dict[str, Any] | None = None
+
+    @contextmanager
+    def passes(self, batch: Mapping[str, Any]) -> Iterator[None]:
+        """Inside the block, this rank's forward runs the vision passes another rank's micro-batch needs."""
+        hf = self.backend.hf_model()
+        blank = self.blank_inputs()  # on every rank before agreeing: a failure stops all alike
+        count = missing_passes(batch)
+        if not count:
+            yield
+            return
+        with extra_vision_passes(hf, blank, count):
+            yield
+
+    def blank_inputs(self) -> dict[str, Any]:
+        """``get_image_features`` inputs of one blank image, from the model's processor (built once)."""
+        if self._blank is None:
+            from twinkle.multimodal.collate import blank_image_inputs
+
+            backend = self.backend
+            inputs = blank_image_inputs(self._processor())
+            self._blank = image_features_inputs(backend.hf_model(), {k: v.to(backend.device)
+                                                                     for k, v in inputs.items()})
+        return self._blank
+
+    def _processor(self) -> Any:
+        """The processor of a group's VL template, else the one saved beside the model's weights."""
+        backend = self.backend
+        for group in backend.groups.values():
+            if callable(getattr(group.template, "media_collator", None)):
+                return group.template.processor
+        if backend.model_path is None:
+            raise ValueError(f"{type(backend.hf_model()).__name__} was built from a config: give it its VL template "
+                             "(model.set_template('Qwen2_5VLTemplate', model_id=...)) so that data-parallel ranks "
+                             "can run the vision tower on a blank image when only some micro-batches hold images.")
+        from twinkle.multimodal.processor import load_processor
+
+        return load_processor(backend.model_path)

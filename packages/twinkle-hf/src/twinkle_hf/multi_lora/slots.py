@@ -19,15 +19,19 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from peft import LoraConfig
+from peft import LoraConfig, get_peft_model
 from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import check_target_module_exists
 
-from twinkle.multi_lora import TenantSpec
+from twinkle.engine import Route
+from twinkle.model.lora_targets import with_default_targets
+from twinkle.model.optimizer_group import OptimizerGroup
+from twinkle.multi_lora import LoraTenant, TenantSpec
 from twinkle_hf.multi_lora.sharded import assign, full, is_sharded
 
 #: LoraConfig fields a slot cannot honour, with the value it must keep.
@@ -42,7 +46,7 @@ def matches(config: LoraConfig, name: str) -> bool:
 
 
 @dataclass
-class Route:
+class SlotRoute:
     """Rows ``start:stop`` of the batch (``None``: all rows) go through ``spec``'s LoRA."""
 
     spec: TenantSpec
@@ -51,16 +55,27 @@ class Route:
 
 
 class LoraSlots:
-    """The tensor side of the slots: creation, initial weights, tenant specs and the routed forward."""
+    """The slots part of a multi-LoRA :class:`~twinkle_hf.model.backend.HFBackend`.
 
-    def __init__(self, layers: dict[str, LoraLayer]) -> None:
-        self.layers = layers
+    Three roles: the tensor side of the slots (creation, initial weights, tenant specs, the routed
+    forward); the :class:`twinkle.multi_lora.SlotBackend` of the tenant router; and the backend's
+    adapters part (routes of a forward, the parameters a tenant trains, its adapter files).
+    """
+
+    def __init__(self, backend: Any, slot_config: LoraConfig) -> None:
+        self.backend = backend
+        self.slot_config = slot_config
+        self.layers: dict[str, LoraLayer] = {}
         self.initial: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.specs: dict[str, TenantSpec] = {}
-        self.routes: Sequence[Route] | None = None
+        self.configs: dict[str, LoraConfig] = {}  # the LoraConfig each slot's tenant acquired it with
+        self.routes: Sequence[SlotRoute] | None = None
+
+    def _hook(self, layers: dict[str, LoraLayer]) -> None:
+        self.layers = layers
         for name, layer in layers.items():
             layer._disable_adapters = True  # the hook below replaces peft's adapter path
-            layer.register_forward_hook(self._hook(name))
+            layer.register_forward_hook(self._forward_hook(name))
 
     @classmethod
     def lora_layers(cls, hf_model: torch.nn.Module) -> dict[str, LoraLayer]:
@@ -73,6 +88,96 @@ class LoraSlots:
                                      f"{type(module.get_base_layer()).__name__}. Narrow target_modules.")
                 layers[name] = module
         return layers
+
+    # ------------------------------------------------------------ SlotBackend
+    def slot_targets(self) -> frozenset[str]:
+        return frozenset(self.layers)
+
+    def create_slot(self, tenant: LoraTenant) -> None:
+        """Add peft adapter ``tenant.adapter_name`` (rank max_r) and snapshot its initial weights."""
+        backend = self.backend
+        if not self.layers:
+            backend.module = get_peft_model(backend.module, tenant.config, adapter_name=tenant.adapter_name)
+            self._hook(self.lora_layers(backend.hf_model()))
+        else:
+            backend.module.add_adapter(tenant.adapter_name, tenant.config)
+        self.snapshot(tenant.adapter_name)
+
+    def complete_tenant_config(self, config: Any) -> Any:
+        """No target_modules: peft's defaults for this model type, as get_peft_model would choose."""
+        return with_default_targets(config, self.backend.config.model_type)
+
+    def check_tenant_config(self, config: Any) -> frozenset[str]:
+        hf = self.backend.hf_model()
+        self.check_config(config, [n for n, _ in hf.named_modules() if n])
+        if config.target_modules != "all-linear":
+            outside = sorted(n for n, _ in hf.named_modules()
+                             if n and n not in self.layers and matches(config, n)
+                             and not any(n.startswith(s + ".") for s in self.layers))
+            if outside:
+                raise ValueError(f"The tenant's target_modules reach {outside[:3]} ({len(outside)} layers) which "
+                                 f"hold no slot; the slots cover target_modules={self.slot_config.target_modules!r}.")
+        return self.targets_of(config)
+
+    def activate_tenant(self, tenant: LoraTenant) -> None:
+        spec = self.spec_for(tenant.adapter_name, tenant.tenant_config)
+        self.specs[tenant.adapter_name] = spec
+        self.configs[tenant.adapter_name] = tenant.tenant_config
+        self.zero_unused_ranks(spec)
+
+    def reset_slot(self, tenant: LoraTenant) -> None:
+        self.reset(tenant.adapter_name)
+        self.specs.pop(tenant.adapter_name, None)
+        self.configs.pop(tenant.adapter_name, None)
+
+    def seed_slot(self, slot: str, seed: int) -> None:
+        self.seeded_init(self.specs[slot], seed)
+
+    def read_tenant_config(self, directory: Path) -> LoraConfig:
+        from twinkle_hf.multi_lora.tenant_io import read_tenant_config
+
+        return read_tenant_config(directory)
+
+    def load_slot(self, slot: str, directory: Path) -> None:
+        from twinkle_hf.multi_lora.tenant_io import load_tenant
+
+        load_tenant(self, self.specs[slot], directory)
+
+    # ------------------------------------------------------- adapters part
+    def routed(self, routes: Sequence[Route]) -> Any:
+        """Each route's rows through its tenant's slot (the whole batch for a route without rows)."""
+        return self.route([SlotRoute(self.specs[r.group.name], *((None, None) if r.rows is None
+                                                                 else (r.rows.start, r.rows.stop)))
+                           for r in routes])
+
+    def reference(self, routes: Sequence[Route]) -> Any:
+        """The reference policy is the shared base: a route with no tenant adds no LoRA."""
+        return self.route([])
+
+    def after_step(self, group: OptimizerGroup) -> None:
+        self.zero_unused_ranks(self.specs[group.name], after_step=True)  # whatever the optimizer does
+
+    def describe(self, group: OptimizerGroup) -> list[str]:
+        spec = self.specs[group.name]
+        return [f"    lora: r={spec.r} scaling={spec.scaling:g} layers={len(spec.targets)} (slot {spec.slot})"]
+
+    def state_dict(self, group: OptimizerGroup) -> dict[str, torch.Tensor]:
+        from twinkle_hf.multi_lora.tenant_io import tenant_state_dict
+
+        return tenant_state_dict(self, self.specs[group.name])
+
+    def write(self, group: OptimizerGroup, state: dict[str, torch.Tensor], directory: Path) -> None:
+        from twinkle_hf.multi_lora.tenant_io import save_tenant
+
+        save_tenant(state, self.configs[group.name], directory, self.backend.model_path)
+
+    def load(self, group: OptimizerGroup, directory: Path) -> None:
+        from twinkle_hf.multi_lora.tenant_io import config_fits, load_tenant, read_tenant_config
+
+        spec = self.specs[group.name]
+        saved = read_tenant_config(directory)
+        config_fits(saved, self.configs[group.name], self.targets_of(saved), spec.targets)
+        load_tenant(self, spec, directory)
 
     # -------------------------------------------------------------------- weights
     def pair(self, layer: str, slot: str) -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
@@ -130,8 +235,12 @@ class LoraSlots:
             assign(a, new_a)
             assign(b, torch.zeros(b.shape, dtype=b.dtype))
 
-    def parameters(self, spec: TenantSpec) -> list[torch.nn.Parameter]:
-        """What the tenant trains: lora_A/lora_B of its slot on the layers it targets."""
+    def parameters(self, group: OptimizerGroup) -> list[torch.nn.Parameter]:
+        """What the tenant of ``group``'s slot trains."""
+        return self.spec_parameters(self.specs[group.name])
+
+    def spec_parameters(self, spec: TenantSpec) -> list[torch.nn.Parameter]:
+        """lora_A/lora_B of the spec's slot on the layers it targets."""
         return [p for name in self.layers if name in spec.targets for p in self.pair(name, spec.slot)]
 
     # ------------------------------------------------------------------- configs
@@ -168,14 +277,14 @@ class LoraSlots:
 
     # ------------------------------------------------------------------- forward
     @contextmanager
-    def route(self, routes: Sequence[Route]) -> Iterator[None]:
+    def route(self, routes: Sequence[SlotRoute]) -> Iterator[None]:
         previous, self.routes = self.routes, list(routes)
         try:
             yield
         finally:
             self.routes = previous
 
-    def _hook(self, name: str) -> Any:
+    def _forward_hook(self, name: str) -> Any:
         def hook(module: LoraLayer, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
             if self.routes is None:
                 raise RuntimeError(f"LoRA layer {name!r} ran outside a tenant route: run the model through the "

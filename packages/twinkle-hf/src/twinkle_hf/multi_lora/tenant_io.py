@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from peft import LoraConfig, PeftConfig
@@ -20,7 +20,9 @@ from twinkle.checkpoint import CheckpointError
 from twinkle.multi_lora import TenantSpec
 from twinkle_hf.model.weights import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from twinkle_hf.multi_lora.sharded import assign, full
-from twinkle_hf.multi_lora.slots import LoraSlots
+
+if TYPE_CHECKING:
+    from twinkle_hf.multi_lora.slots import LoraSlots
 
 _PREFIX = "base_model.model."
 
@@ -36,10 +38,12 @@ def tenant_state_dict(slots: LoraSlots, spec: TenantSpec) -> dict[str, torch.Ten
     return state
 
 
-def save_tenant(slots: LoraSlots, spec: TenantSpec, config: LoraConfig, directory: Path,
+def save_tenant(state: dict[str, torch.Tensor], config: LoraConfig, directory: Path,
                 base_model_path: str | None) -> None:
-    """Write the flat PEFT directory of the tenant (loadable by ``PeftModel.from_pretrained``)."""
-    save_file(tenant_state_dict(slots, spec), str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    """Write the flat PEFT directory of a tenant (loadable by ``PeftModel.from_pretrained``) from its
+    :func:`tenant_state_dict`."""
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     config = copy.deepcopy(config)
     config.inference_mode = True
     if base_model_path is not None:

@@ -18,11 +18,13 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from twinkle.engine import Route
 from twinkle.loss.token_inputs import gather_logprobs
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.sampler import Sampler, SampleResult, SamplingParams, as_prompts, per_prompt_adapters
 from twinkle.sampler.base import Adapters, Prompts
 from twinkle.sampler.stops import finish
+from twinkle_hf.model.backend import HFBackend
 
 
 class TorchSampler(Sampler):
@@ -33,7 +35,7 @@ class TorchSampler(Sampler):
     """
 
     def __init__(self, model: Any, *, tokenizer: Any = None) -> None:
-        if not hasattr(model, "optimizer_group") or not hasattr(model, "_run_task_unwrapped"):
+        if not isinstance(getattr(model, "backend", None), HFBackend):
             raise TypeError(f"TorchSampler samples on a TransformersModel or MultiLoraTransformersModel, got "
                             f"{type(model).__name__}.")
         self.model = model
@@ -109,32 +111,24 @@ class TorchSampler(Sampler):
             order.setdefault(group.name, []).append(i)
         return list(order.values())
 
-    @contextmanager
-    def _adapters(self, groups: Sequence[OptimizerGroup], reference: bool) -> Iterator[None]:
-        """Rows run through their group's adapter (or the reference policy): slot routes or peft's active adapter."""
+    def _adapters(self, groups: Sequence[OptimizerGroup], reference: bool) -> Any:
+        """Rows run through their group's adapter (or the reference policy), as the backend routes them."""
+        backend = self.model.backend
         if reference:
-            with self.model._reference_mode(groups[0]):
-                yield
-            return
-        if self._multi():
-            from twinkle_hf.multi_lora.slots import Route
-
-            routes, start = [], 0
-            for k in range(1, len(groups) + 1):
-                if k == len(groups) or groups[k].name != groups[start].name:
-                    routes.append(Route(self.model.slots.specs[groups[start].name], start, k))
-                    start = k
-            with self.model.slots.route(routes):
-                yield
-            return
-        self.model._activate(groups[0])
-        yield
+            return backend.reference_mode([Route(groups[0])])
+        if not self._multi():
+            return backend.routed([Route(groups[0])])
+        routes, start = [], 0
+        for k in range(1, len(groups) + 1):
+            if k == len(groups) or groups[k].name != groups[start].name:
+                routes.append(Route(groups[start], slice(start, k)))
+                start = k
+        return backend.routed(routes)
 
     @contextmanager
     def _inference(self) -> Iterator[None]:
         """Eval mode without gradients, under the model's lock when it has one; the training mode is restored."""
-        lock = getattr(getattr(self.model, "multi_lora", None), "lock", None)
-        with lock if lock is not None else nullcontext():
+        with self.model.lock:
             module = self.model.model
             training = module.training
             module.train(False)
@@ -152,7 +146,7 @@ class TorchSampler(Sampler):
 
     # ------------------------------------------------------------------ generation
     def _eos_ids(self) -> list[int]:
-        hf = self.model._hf_model()
+        hf = self.model.backend.hf_model()
         for source in (hf.generation_config, hf.config, self.tokenizer):
             value = getattr(source, "eos_token_id", None)
             if value is not None:
@@ -160,8 +154,8 @@ class TorchSampler(Sampler):
         return []
 
     def _generate(self, rows: list[list[int]], groups: list[OptimizerGroup], params: SamplingParams) -> list[Any]:
-        model, device = self.model, self.model.device
-        pad = model._pad_token_id(groups[0])
+        model, backend, device = self.model, self.model.backend, self.model.device
+        pad = backend.pad_token_id(groups[0])
         width = max(map(len, rows))
         input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
         attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
@@ -174,7 +168,7 @@ class TorchSampler(Sampler):
         extra: dict[str, Any] = {}
         if params.stop_strings and self.tokenizer is not None:
             extra = dict(stop_strings=params.stop_strings, tokenizer=self.tokenizer)
-        hf = model._hf_model()
+        hf = backend.hf_model()
         saved_config = hf.generation_config
         rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else []) \
             if params.seed is not None else nullcontext()
@@ -183,12 +177,12 @@ class TorchSampler(Sampler):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             stack.enter_context(self._adapters(groups, reference=False))
-            stack.enter_context(model.precision.autocast())
+            stack.enter_context(backend.precision.autocast())
             hf.generation_config = GenerationConfig()  # only the request's parameters shape the sampling
             try:
                 out = model.model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                            generation_config=GenerationConfig(**options),
-                                           synced_gpus=bool(model.dist_plan.sharded), **extra)
+                                           synced_gpus=bool(backend.dist_plan.sharded), **extra)
             finally:
                 hf.generation_config = saved_config
         generated = out.sequences[:, width:]
@@ -205,13 +199,13 @@ class TorchSampler(Sampler):
 
     # ------------------------------------------------------------------ scoring
     def _score(self, rows: list[list[int]], groups: list[OptimizerGroup], reference: bool) -> list[list[float | None]]:
-        model = self.model
-        pad = model._pad_token_id(groups[0])
+        model, backend = self.model, self.model.backend
+        pad = backend.pad_token_id(groups[0])
         width = max(map(len, rows))
         batch = {"input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=model.device),
                  "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows],
                                                 device=model.device)}
-        with self._adapters(groups, reference), model.precision.autocast():
-            logits = model._run_task_unwrapped("causal_lm", batch, None).logits
+        with self._adapters(groups, reference), backend.precision.autocast():
+            logits = backend.run_unwrapped("causal_lm", batch, None).logits
         values = gather_logprobs(logits[:, :-1], batch["input_ids"][:, 1:]).tolist()
         return [[None] + values[k][:len(r) - 1] for k, r in enumerate(rows)]

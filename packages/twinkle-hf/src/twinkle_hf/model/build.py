@@ -1,0 +1,75 @@
+"""From TransformersModel's constructor arguments to an :class:`~twinkle_hf.model.backend.HFBackend`.
+
+Everything that can be refused (strategy and mesh, ddp/fsdp configs, the process group, precision,
+the GradScaler config) is checked before a weight is read. Then the module is built for its plan:
+
+* FSDP2 with a safetensors checkpoint: on the meta device; each rank reads only its shards when the
+  model is sharded (build on meta -> adapters -> shard -> load shards -> optimizer);
+* ``memory_efficient_init`` (DDP, or FSDP2 without shard-wise files): rank 0 loads, the others build on meta;
+* otherwise every process loads it whole.
+
+Under a sharded plan the module stays on the CPU until ``fully_shard`` places each rank's shards on
+its device: no rank ever holds the whole model on the accelerator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from twinkle.mesh import DeviceMesh
+from twinkle.precision import plan_precision
+from twinkle.runtime import get_runtime
+from twinkle_hf.distributed.plan import check_configs, check_process_group, make_plan
+from twinkle_hf.model.backend import HFBackend
+from twinkle_hf.model.loading import build_for_sharding, load_hf_model
+from twinkle_hf.model.meta import on_meta
+
+
+def process_device() -> torch.device:
+    """This process's device: the runtime's platform if initialised, else the best available one."""
+    from twinkle.platform import detect_platform
+
+    runtime = get_runtime()
+    platform = detect_platform(runtime.platform if runtime.initialized else None)
+    return platform.device(runtime.local_rank)
+
+
+def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh: DeviceMesh | None,
+                  mixed_precision: str, strategy: str, ddp_config: dict[str, Any] | None,
+                  fsdp_config: dict[str, Any] | None, grad_scaler_config: dict[str, Any] | None,
+                  memory_efficient_init: bool, strict: bool, kwargs: dict[str, Any],
+                  meta_ok: bool = True) -> HFBackend:
+    """The backend of one transformers model; ``meta_ok=False`` when it needs real weights at once (slots)."""
+    runtime = get_runtime()
+    if device_mesh is None and runtime.initialized:
+        device_mesh = runtime.device_mesh
+    plan = make_plan(strategy, device_mesh)
+    mesh = device_mesh if device_mesh is not None else DeviceMesh.from_sizes(world_size=plan.world_size)
+    check_configs("native_fsdp" if plan.kind == "fsdp2" else strategy, ddp_config, fsdp_config)
+    check_process_group(plan)
+    device = process_device()
+    precision = plan_precision(mixed_precision, device.type)
+    precision.make_grad_scaler(grad_scaler_config)  # validates the config before loading anything
+    rank0_only = memory_efficient_init and plan.distributed
+    module = weights_dir = None
+    if plan.sharded and meta_ok and model_id is not None and precision.provider is None:
+        built = build_for_sharding(model_cls, model_id, config, kwargs, strict=strict)
+        if built is not None:
+            module, path = built
+            weights_dir, rank0_only = path, False  # no rank loads the whole model at all
+    if module is None and rank0_only:
+        from twinkle_hf.distributed.meminit import load_rank0_only
+
+        module, path = load_rank0_only(model_cls, model_id, config, kwargs)
+    elif module is None:
+        module, path = load_hf_model(model_cls, model_id, config, kwargs, strict=strict)
+    if precision.provider is not None:
+        module = precision.provider.prepare_model(module)
+    if not on_meta(module) and not plan.sharded:
+        module = module.to(device)
+    return HFBackend(module, model_id=model_id, model_path=path, device=device, precision=precision, plan=plan,
+                     mesh=mesh, mixed_precision=mixed_precision, strategy=strategy, ddp_config=dict(ddp_config or {}),
+                     fsdp_config=dict(fsdp_config or {}), grad_scaler_config=dict(grad_scaler_config or {}),
+                     weights_dir=weights_dir, memory_efficient_pending=rank0_only)
