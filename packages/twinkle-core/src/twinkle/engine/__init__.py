@@ -6,7 +6,7 @@ classes (``TransformersModel``, ``MegatronModel``, their multi-LoRA variants) ar
 Engine (``twinkle.model.facade``).
 """
 
-from twinkle.engine.backend import Backend
+from twinkle.engine.backend import Backend, ModelBackend
 from twinkle.engine.engine import Engine, Route
 
-__all__ = ["Backend", "Engine", "Route"]
+__all__ = ["Backend", "Engine", "ModelBackend", "Route"]

@@ -1,11 +1,14 @@
-"""The Backend protocol: what a model backend implements so that the core engine can train it.
+"""The backend protocols: what a model backend implements so that the core engine (:class:`Backend`)
+and a model facade (:class:`ModelBackend`) can train it.
 
 The engine (:class:`twinkle.engine.Engine`) owns the training step: forward -> loss -> backward for
 one or many routes, the accumulation window, the non-finite skip, clip, step, zero_grad and the lr
 step. A backend (HF Transformers, Megatron-Core, a third party's) only *runs a task on a batch*
 and *applies* what the engine decides; it never decides accumulation, skipping, clipping or
-stepping. Every method is documented here once, as pytest's ``hookspec.py`` documents hooks; a
-backend is any object with these members (no base class to inherit).
+stepping. Every member is documented here once, as pytest's ``hookspec.py`` documents hooks; a
+backend is any object with these members (no base class to inherit). A group's optimizer is the
+backend's (``build_optimizer``): the engine calls its ``zero_grad(set_to_none=True)`` and reads its
+``param_groups``; its lr scheduler's ``step()``.
 
 A *route* (:class:`twinkle.engine.Route`) says which rows of a batch go through which group's
 parameters: a single adapter is one route over every row; a batched multi-tenant step is several
@@ -48,9 +51,11 @@ class Backend(Protocol):
         """The parameters ``group`` trains (its adapter's, its tenant slot's, or the whole model's)."""
 
     # ---------------------------------------------------------------- computing
-    def prepare(self, batch: Mapping[str, Any], group: OptimizerGroup, options: dict[str, Any]) -> list[dict]:
+    def prepare(self, batch: Mapping[str, Any], group: OptimizerGroup, task: str,
+                options: Mapping[str, Any]) -> list[dict[str, Any]]:
         """A collated host batch made ready to run: on the device, in the backend's layout, split into the
-        pieces one call runs in sequence (one piece unless the backend splits rows, e.g. ``num_microbatches``)."""
+        pieces one call runs in sequence (one piece unless the backend splits rows, e.g. ``num_microbatches``).
+        Unknown ``options`` (forward keywords beside inputs/adapter_name/task) are refused here."""
 
     def routed(self, routes: Sequence[Route]) -> AbstractContextManager[None]:
         """Inside the block, forwards (and gradient-checkpointing recomputes in backward) run each route's
@@ -96,9 +101,52 @@ class Backend(Protocol):
     def skip_update(self, group: OptimizerGroup) -> None:
         """The engine skips this step (inf/NaN): what must still happen (an fp16 scaler backs off)."""
 
-    def zero_grad(self, group: OptimizerGroup) -> None:
-        """Drop the group's gradients."""
-
     def agree(self, flags: torch.Tensor) -> torch.Tensor:
         """``flags`` maximised over every rank holding part of the model (identity on one process)."""
 
+
+class ModelBackend(Backend, Protocol):
+    """What a model facade (``twinkle.model.facade.ModelFacade``) needs beside the engine's :class:`Backend`:
+    building groups, their components and adapters, and describing the model."""
+
+    #: True when the plan spans several processes, so a forward needs :meth:`parallelize` first.
+    needs_parallelize: bool
+    #: The torch module a forward runs (``model.model``); this process's device.
+    module: torch.nn.Module
+    device: torch.device
+    #: The token-id bound of collation (None: unchecked).
+    vocab_size: int | None
+    #: Extra keyword options ``add_adapter_to_model`` takes on this backend (beside gradient_accumulation_steps).
+    adapter_options: tuple[str, ...]
+
+    def pad_token_id(self, group: OptimizerGroup) -> int:
+        """The id collation pads ``group``'s rows with."""
+
+    def check_task(self, task: str) -> str:
+        """``task`` if this backend runs it, else a ValueError naming the tasks it runs."""
+
+    def add_adapter(self, name: str, config_or_dir: Any, options: dict[str, Any]) -> None:
+        """Inject adapter ``name`` (a LoRA config or a saved adapter directory); everything checked first."""
+
+    def adapters_changed(self, groups: list[OptimizerGroup]) -> None:
+        """After an adapter joined (the last of ``groups``): activate it, freeze/cast what it does not train."""
+
+    def make_scaler(self) -> Any:
+        """A new group's fp16 loss scaler (None when the backend scales otherwise or not at all)."""
+
+    def build_optimizer(self, group: OptimizerGroup, optimizer_cls: Any, kwargs: dict[str, Any],
+                        others: Mapping[str, list[torch.nn.Parameter]]) -> Any:
+        """The group's optimizer (``'default'``: the backend's own). Its ``param_groups`` hold ``lr`` and the
+        other hyper-parameters; ``others`` are the other groups' parameters, which it must not hold."""
+
+    def build_lr_scheduler(self, group: OptimizerGroup, scheduler_cls: Any, kwargs: dict[str, Any]) -> Any:
+        """The group's lr scheduler; the engine calls its ``step()`` once per optimizer step."""
+
+    def patch_target(self) -> torch.nn.Module:
+        """The module ``apply_patch`` changes."""
+
+    def describe(self) -> list[str]:
+        """``get_train_configs``' header lines (architecture, precision, parallel plan)."""
+
+    def describe_group(self, group: OptimizerGroup) -> list[str]:
+        """``get_train_configs``' lines about a group's adapter."""

@@ -229,7 +229,7 @@ class Engine:
         if not group.zero_grad_due:
             return
         if group.optimizer is not None:
-            self.backend.zero_grad(group)
+            group.optimizer.zero_grad(set_to_none=True)
         else:
             for param in self.backend.parameters(group):
                 param.grad = None

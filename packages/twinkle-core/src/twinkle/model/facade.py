@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from twinkle.engine import Engine, Route
+from twinkle.engine.backend import ModelBackend
 from twinkle.log import get_logger
 from twinkle.metric import Metric
 from twinkle.model.base import TwinkleModel
@@ -66,7 +67,7 @@ class ModelFacade(TwinkleModel):
     #: whether ``save(async_save=True)`` works (the checkpoint manager's backend state supports it)
     supports_async_save: bool = False
 
-    def _attach(self, backend: Any, checkpoints: Any, groups: dict[str, OptimizerGroup],
+    def _attach(self, backend: ModelBackend, checkpoints: Any, groups: dict[str, OptimizerGroup],
                 router: Callable[[str | None], OptimizerGroup] | None = None) -> None:
         """Compose the parts: the backend, its engine, the checkpoint manager, the groups and how names resolve."""
         self.backend = backend

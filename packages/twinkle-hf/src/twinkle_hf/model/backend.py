@@ -269,9 +269,6 @@ class HFBackend:
         if group.scaler is not None and _found_inf(group):  # back off the loss scale if the gradients overflowed
             group.scaler.update()
 
-    def zero_grad(self, group: OptimizerGroup) -> None:
-        group.optimizer.zero_grad(set_to_none=True)
-
     def agree(self, flags: torch.Tensor) -> torch.Tensor:
         return collective.all_reduce(flags, op="max") if self.dist_plan.distributed else flags
 
