@@ -76,7 +76,8 @@ class MultiLoraTransformersModel(MultiTenantFacade):
         self.device_mesh = backend.device_mesh
         self.slot_config = slot_config
         self.slots = slots
-        self._attach(backend, CheckpointManager(HFCheckpointState(backend, supports_async=False), type(self).__name__), {})
+        checkpoints = CheckpointManager(HFCheckpointState(backend, supports_async=False), type(self).__name__)
+        self._attach(backend, checkpoints, {})
         backend.groups = self.optimizer_group
         self._attach_tenants(slots, max_loras, max_r, slot_config, max_length)
         for param in backend.module.parameters():
