@@ -13,7 +13,7 @@ import torch
 
 import twinkle
 from twinkle import DeviceGroup, DeviceMesh, remote_class, remote_function
-from twinkle.remote import RemoteFunctionSpec, remote_spec
+from twinkle.actors.dispatch import RemoteFunctionSpec, remote_spec
 
 SCRIPT = Path(__file__).parent / "scripts" / "runtime_world.py"
 

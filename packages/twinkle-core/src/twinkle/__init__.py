@@ -10,8 +10,7 @@ from twinkle.mesh import DeviceGroup, DeviceMesh
 from twinkle.placement import get_device_placement
 from twinkle.remote import remote_class, remote_function
 from twinkle.runtime import get_device_mesh, get_runtime, initialize, shutdown
-
-__version__ = "0.1.0"
+from twinkle.version import __version__
 
 __all__ = [
     "DeviceGroup",

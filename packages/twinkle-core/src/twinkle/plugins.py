@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pluggy
 
 from twinkle import hookspecs
+from twinkle.version import __version__
 
 ENTRY_POINT_GROUP = "twinkle"
 DISABLE_ENV = "TWINKLE_DISABLE_PLUGINS"  # comma-separated entry-point names to skip
@@ -36,7 +37,7 @@ def _core_provenance() -> Provenance:
     try:
         version = importlib.metadata.version("twinkle-core")
     except importlib.metadata.PackageNotFoundError:
-        from twinkle import __version__ as version
+        version = __version__
     return Provenance("twinkle", "twinkle-core", version)
 
 

@@ -11,41 +11,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from twinkle.actors.dispatch import COLLECT, DISPATCH, EXECUTE, RemoteClassSpec, RemoteFunctionSpec
+from twinkle.actors.worker import in_actor
+from twinkle.runtime import Runtime, get_runtime
 from twinkle.utils.checks import check_choice
-
-DISPATCH = ("all", "slice", "slice_dp")
-EXECUTE = ("all", "first", "rank0")
-COLLECT = ("none", "first", "list", "flatten", "mean", "sum")
 
 T = TypeVar("T", bound=type)
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class RemoteFunctionSpec:
-    """How one method is called across the actors of its group.
-
-    dispatch: ``all`` sends the same arguments to every actor, ``slice`` splits list-like
-    arguments evenly across actors, ``slice_dp`` splits them by data-parallel rank (tp/pp peers
-    get the same slice). execute: ``all`` actors, only the ``first`` one, or ``rank0``.
-    collect: ``none``, the ``first`` result, a ``list`` per actor, ``flatten`` lists, ``mean``/``sum``
-    of numbers.
-    """
-
-    dispatch: str = "all"
-    execute: str = "all"
-    collect: str = "first"
-    sync: bool = True
-
-
-@dataclass(frozen=True)
-class RemoteClassSpec:
-    """Options of a remote class: ``execute`` as in :class:`RemoteFunctionSpec` for its constructor."""
-
-    execute: str = "all"
 
 
 def remote_function(
@@ -80,12 +54,9 @@ def remote_class(execute: str = "all") -> Callable[[T], T]:
         original_new = cls.__new__
 
         def __new__(klass: type, *args: Any, remote_group: str | None = None, **kwargs: Any) -> Any:
-            from twinkle.actors.worker import in_actor
-            from twinkle.runtime import get_runtime
-
             runtime = get_runtime()
             if runtime.mode == "ray" and not in_actor():
-                return runtime.make_remote(klass, remote_group, args, kwargs)
+                return _make_remote(runtime, klass, remote_group, args, kwargs)
             if original_new is object.__new__:
                 return object.__new__(klass)
             return original_new(klass, *args, **kwargs)
@@ -93,8 +64,6 @@ def remote_class(execute: str = "all") -> Callable[[T], T]:
         @functools.wraps(original_init)
         def __init__(self, *args: Any, remote_group: str | None = None, **kwargs: Any) -> None:
             if remote_group is not None:
-                from twinkle.runtime import get_runtime
-
                 runtime = get_runtime()
                 if runtime.groups:
                     runtime.group(remote_group)
@@ -109,6 +78,15 @@ def remote_class(execute: str = "all") -> Callable[[T], T]:
     return decorate
 
 
-def remote_spec(obj: Any) -> RemoteFunctionSpec | RemoteClassSpec | None:
-    """The remote policy attached to a class or method, if any."""
-    return getattr(obj, "__twinkle_remote__", None)
+def _make_remote(runtime: Runtime, cls: type, remote_group: str | None, args: tuple, kwargs: dict) -> Any:
+    """Build ``cls`` as actors on ``remote_group`` (ray mode)."""
+    from twinkle.actors.proxy import RemoteGroupProxy
+
+    if remote_group is None:
+        if len(runtime.groups) != 1:
+            known = ", ".join(runtime.groups)
+            raise ValueError(f"{cls.__name__}(...) in ray mode needs remote_group=...; declared groups: {known}.")
+        remote_group = next(iter(runtime.groups))
+    group = runtime.group(remote_group)
+    return RemoteGroupProxy(cls, group, runtime.group_mesh(remote_group), runtime.cluster, args, kwargs,
+                            seed=runtime.seed, timeout_s=runtime.timeout_s)

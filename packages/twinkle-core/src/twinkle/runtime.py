@@ -54,19 +54,6 @@ class Runtime:
         group = self.group(name)
         return group.device_mesh or self.device_mesh
 
-    def make_remote(self, cls: type, remote_group: str | None, args: tuple, kwargs: dict) -> Any:
-        """Build ``cls`` as actors on ``remote_group`` (ray mode)."""
-        from twinkle.actors.proxy import RemoteGroupProxy
-
-        if remote_group is None:
-            if len(self.groups) != 1:
-                known = ", ".join(self.groups)
-                raise ValueError(f"{cls.__name__}(...) in ray mode needs remote_group=...; declared groups: {known}.")
-            remote_group = next(iter(self.groups))
-        group = self.group(remote_group)
-        return RemoteGroupProxy(cls, group, self.group_mesh(remote_group), self.cluster, args, kwargs,
-                                seed=self.seed, timeout_s=self.timeout_s)
-
 
 _runtime = Runtime()
 

@@ -1,5 +1,8 @@
 """How one call's arguments are split across a group's ranks and how their results are combined.
 
+The policies a ``@remote_function`` names (:class:`RemoteFunctionSpec`) live here with the code that
+carries them out.
+
 Pure functions over plain data (lists, tuples, dicts, tensors, numbers): no Ray here, so the
 rules are testable on their own.
 """
@@ -7,9 +10,43 @@ rules are testable on their own.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from twinkle.mesh import DeviceMesh
+
+DISPATCH = ("all", "slice", "slice_dp")
+EXECUTE = ("all", "first", "rank0")
+COLLECT = ("none", "first", "list", "flatten", "mean", "sum")
+
+
+@dataclass(frozen=True)
+class RemoteFunctionSpec:
+    """How one method is called across the actors of its group.
+
+    dispatch: ``all`` sends the same arguments to every actor, ``slice`` splits list-like
+    arguments evenly across actors, ``slice_dp`` splits them by data-parallel rank (tp/pp peers
+    get the same slice). execute: ``all`` actors, only the ``first`` one, or ``rank0``.
+    collect: ``none``, the ``first`` result, a ``list`` per actor, ``flatten`` lists, ``mean``/``sum``
+    of numbers.
+    """
+
+    dispatch: str = "all"
+    execute: str = "all"
+    collect: str = "first"
+    sync: bool = True
+
+
+@dataclass(frozen=True)
+class RemoteClassSpec:
+    """Options of a remote class: ``execute`` as in :class:`RemoteFunctionSpec` for its constructor."""
+
+    execute: str = "all"
+
+
+def remote_spec(obj: Any) -> RemoteFunctionSpec | RemoteClassSpec | None:
+    """The remote policy attached to a class or method, if any."""
+    return getattr(obj, "__twinkle_remote__", None)
 
 
 def _length(value: Any) -> int | None:

@@ -7,10 +7,10 @@ from typing import Any
 
 from twinkle.actors import dispatch
 from twinkle.actors.cluster import Cluster
+from twinkle.actors.dispatch import RemoteFunctionSpec, remote_spec
 from twinkle.actors.worker import RankWorker
 from twinkle.errors import TwinkleError
 from twinkle.mesh import DeviceGroup, DeviceMesh
-from twinkle.remote import RemoteFunctionSpec, remote_spec
 
 DEFAULT_SPEC = RemoteFunctionSpec()
 SHARE = 0.01

@@ -6,6 +6,8 @@ import os
 import socket
 from typing import Any
 
+from twinkle.runtime import initialize
+
 ACTOR_ENV = "TWINKLE_RAY_ACTOR"
 
 
@@ -37,9 +39,7 @@ class RankWorker:
             "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
         })
-        import twinkle
-
-        twinkle.initialize(mode="local", global_device_mesh=mesh, seed=seed, device=device)
+        initialize(mode="local", global_device_mesh=mesh, seed=seed, device=device)
         return os.getpid()
 
     def construct(self, cls: type, args: tuple, kwargs: dict) -> str:

@@ -21,6 +21,7 @@ def load_rank0_only(model_cls: Any, model_id: str | None, config: Any, kwargs: d
     from transformers import AutoConfig
 
     from twinkle_hf.model import loading
+    from twinkle_hf.model.meta import from_config
 
     if collective.rank() == 0:
         return loading.load_hf_model(model_cls, model_id, config, kwargs)
@@ -41,7 +42,7 @@ def load_rank0_only(model_cls: Any, model_id: str | None, config: Any, kwargs: d
             config._attn_implementation = kwargs[key]
     dtype = kwargs.pop("dtype")
     with torch.device("meta"):
-        model = loading._from_config(cls, config, {"dtype": dtype})
+        model = from_config(cls, config, {"dtype": dtype})
     return model, path
 
 

@@ -177,8 +177,8 @@ def parallelize(backend: Any) -> None:
     makes DDP look for unused parameters (text-only micro-batches leave it without a gradient).
     """
     from twinkle.log import get_logger
-    from twinkle_hf.model.vision import is_multimodal
-    from twinkle_hf.model.vision_lockstep import VisionLockstep, needs_unused_search
+    from twinkle_hf.model.vision import is_multimodal, needs_unused_search
+    from twinkle_hf.model.vision_lockstep import VisionLockstep
 
     plan = backend.dist_plan
     if not plan.distributed:

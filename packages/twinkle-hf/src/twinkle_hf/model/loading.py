@@ -10,6 +10,7 @@ import transformers
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from twinkle.log import get_logger
+from twinkle_hf.model.meta import build_on_meta, from_config
 from twinkle_hf.model.vision import model_class_for
 
 ASSET_PREFIX = "twinkle://"
@@ -81,7 +82,7 @@ def load_hf_model(model_cls: Any, model_id: str | None, config: PretrainedConfig
         if str(model_id).startswith(ASSET_PREFIX) and not has_weights(path):
             # twinkle's embedded models ship a config (and tokenizer) only: random init by design
             config = config if config is not None else AutoConfig.from_pretrained(path)
-            return _from_config(cls, config, kwargs), path
+            return from_config(cls, config, kwargs), path
         if config is not None:
             kwargs["config"] = config
         if not strict:
@@ -91,7 +92,7 @@ def load_hf_model(model_cls: Any, model_id: str | None, config: PretrainedConfig
         return model, path
     if config is None:
         raise ValueError("TransformersModel needs model_id= (hub id or local directory) or config= (random init).")
-    return _from_config(cls, config, kwargs), None
+    return from_config(cls, config, kwargs), None
 
 
 def build_for_sharding(model_cls: Any, model_id: str, config: PretrainedConfig | None,
@@ -101,8 +102,6 @@ def build_for_sharding(model_cls: Any, model_id: str, config: PretrainedConfig |
     None when there is nothing to read shard by shard (a config-only asset: random init) or the
     checkpoint must be loaded whole (said in one info line); the caller then loads it the plain way.
     """
-    from twinkle_hf.model.meta import build_on_meta
-
     cls = choose_model_cls(model_cls, model_id, config)
     path = resolve_model_path(model_id)
     check_not_adapter_dir(path)
@@ -125,12 +124,6 @@ def check_loading_info(info: dict[str, Any], path: str) -> None:
         raise ValueError(f"The weights in {path!r} do not fit the model: {'; '.join(problems)} tensors. "
                          "Load a checkpoint of this architecture, or pass strict_load=False to accept it "
                          "(missing weights are then randomly initialised).")
-
-
-def _from_config(cls: Any, config: PretrainedConfig, kwargs: dict[str, Any]) -> PreTrainedModel:
-    if hasattr(cls, "from_config"):  # Auto classes
-        return cls.from_config(config, **kwargs)
-    return cls._from_config(config, **kwargs)
 
 
 def has_weights(path: str) -> bool:

@@ -69,6 +69,14 @@ def unexpected_in_files(model: torch.nn.Module, keys: dict[str, Any]) -> list[st
     return sorted(k for k in keys if k not in known)
 
 
+def from_config(cls: Any, config: Any, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """A model of class ``cls`` (an Auto class or a concrete one) built from ``config``, weights initialised
+    (or left without storage inside a meta context)."""
+    if hasattr(cls, "from_config"):  # Auto classes
+        return cls.from_config(config, **kwargs)
+    return cls._from_config(config, **kwargs)
+
+
 def build_on_meta(cls: Any, path: str, config: Any, kwargs: dict[str, Any],
                   strict: bool = False) -> tuple[torch.nn.Module | None, str]:
     """``(model, '')`` with its parameters on the meta device, or ``(None, why)`` when the checkpoint at ``path``
@@ -77,8 +85,6 @@ def build_on_meta(cls: Any, path: str, config: Any, kwargs: dict[str, Any],
     the plain way (which reports what does not fit under ``strict``)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig
-
-    from twinkle_hf.model.loading import _from_config
 
     other = sorted(set(kwargs) - set(META_KWARGS))
     if other:
@@ -94,7 +100,7 @@ def build_on_meta(cls: Any, path: str, config: Any, kwargs: dict[str, Any],
         if key in kwargs:
             build_kwargs[key] = kwargs[key]
     with init_empty_weights(include_buffers=False):
-        model = _from_config(cls, config, build_kwargs)
+        model = from_config(cls, config, build_kwargs)
     if hasattr(model, "tie_weights"):
         model.tie_weights()  # accelerate's meta context re-creates parameters, which unties a tied head
     missing = missing_from_files(model, keys)

@@ -62,6 +62,16 @@ def vision_parts(model: torch.nn.Module) -> VisionParts | None:
     return VisionParts(language[0], tower[0], projector)
 
 
+def needs_unused_search(hf_model: torch.nn.Module) -> bool:
+    """Whether DDP must look for unused parameters: a VL model whose vision tower or projector trains
+    (a micro-batch without images leaves them without a gradient)."""
+    parts = vision_parts(hf_model)
+    if parts is None:
+        return False
+    return any(p.requires_grad for name in (parts.vision_tower, *parts.projector)
+               for p in hf_model.get_submodule(name).parameters())
+
+
 def _linear_names(model: torch.nn.Module, prefix: str, exclude: tuple[str, ...] = ()) -> list[str]:
     """Names of the Linear layers under ``prefix`` (a LoRA-wrapped layer by its own name, once)."""
     names = []

@@ -11,7 +11,7 @@ runs the same modules in the same order and the real samples' loss and gradients
 (the blank image's gradients are exact zeros). When no rank has media, no rank runs the tower.
 
 DDP has no forward collectives; it only needs every trainable parameter accounted for in each
-backward, which ``find_unused_parameters=True`` does exactly (see :func:`needs_unused_search`).
+backward, which ``find_unused_parameters=True`` does exactly (see :func:`twinkle_hf.model.vision.needs_unused_search`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-
-from twinkle_hf.model.vision import vision_parts
 
 #: batch keys that carry each kind of media into the model's forward
 MEDIA_INPUTS = ("pixel_values", "pixel_values_videos")
@@ -94,16 +92,6 @@ def _floating_tensors(value: Any) -> Iterator[torch.Tensor]:
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _floating_tensors(item)
-
-
-def needs_unused_search(hf_model: torch.nn.Module) -> bool:
-    """Whether DDP must look for unused parameters: a VL model whose vision tower or projector trains
-    (a micro-batch without images leaves them without a gradient)."""
-    parts = vision_parts(hf_model)
-    if parts is None:
-        return False
-    return any(p.requires_grad for name in (parts.vision_tower, *parts.projector)
-               for p in hf_model.get_submodule(name).parameters())
 
 
 class VisionLockstep:
