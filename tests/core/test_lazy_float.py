@@ -9,7 +9,7 @@ import statistics
 import pytest
 import torch
 
-from twinkle.utils.lazy_float import LazyFloat
+from twinkle.engine import LazyFloat
 
 
 class Probe:

@@ -38,6 +38,15 @@ def test_fsdp_memory_efficient_init_saves_host_memory_on_other_ranks(edge_job: J
     assert got["peak_rss_mb_efficient"] < got["peak_rss_mb_plain"]
 
 
+def test_fsdp_builds_keep_the_model_off_the_device_until_sharded(edge_job: JobResult) -> None:
+    """Issue 22, GPU defect 2: a random-init model under FSDP2 is not moved whole to the device before
+    ``fully_shard`` (DDP, the control, moves it whole)."""
+    for rank in (0, 1):
+        moved = edge_job.load("edge", rank)["moved_before_sharding"]
+        assert "Qwen2ForCausalLM" in moved["ddp"]
+        assert "Qwen2ForCausalLM" not in moved["fsdp2"], moved
+
+
 EXPECTED = {
     "mesh_size": "ValueError: The DeviceMesh covers dp=4 x fsdp=1 = 4 processes but 2 were launched",
     "fsdp_not_dividing": "ValueError: fsdp_size=3 does not divide the world size 2",
@@ -45,7 +54,7 @@ EXPECTED = {
     "tp_mesh": "ValueError: TransformersModel shards over dp and fsdp only; the mesh has {'tp': 2}",
     "batch_not_divisible": "DataError: batch_size=3 is global and must divide evenly over the 2 data-parallel ranks",
     "unknown_strategy": "ValueError: strategy='deepspeed' is not one of accelerate, native_fsdp.",
-    "adapter_after_wrap": "RuntimeError: add_adapter_to_model('late') after the model was wrapped for fsdp2",
+    "adapter_after_wrap": "RuntimeError: add_adapter_to_model('late') after the model was wrapped",
 }
 
 

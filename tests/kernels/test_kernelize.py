@@ -190,3 +190,25 @@ def test_bad_configs_are_explained():
         kernelize(torch.nn.Linear(2, 2), {"swiglu": CPU_RMS})
     with pytest.raises(ValueError, match="at most one"):
         KernelChoice("x", "rms_norm", forward=rms_norm_via_functional, function=rms_norm_via_functional)
+
+
+def test_a_model_still_on_meta_gets_the_chains_of_the_device_it_will_run_on() -> None:
+    """Issue 22, GPU defect 8: under FSDP2 a model is built on the meta device and a script kernelizes it
+    before it is sharded; the chains of the model's device apply, not those of 'meta' (where no kernel is
+    available, so none would apply, silently)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=64)
+    with torch.device("meta"):
+        module = Qwen2ForCausalLM(config)
+
+    class Model:  # what kernelize reads of a TwinkleModel: its module and the device it trains on
+        model = module
+        device = torch.device("cuda", 1)
+
+    try:
+        assert kernel_report(kernelize(Model())).device == "cuda"
+        assert kernel_report(kernelize(module)).device == "cpu"  # a bare module on meta: this process's platform
+    finally:
+        unkernelize(module)

@@ -16,7 +16,7 @@ import torch
 from megatron_testing import VOCAB, hf_model, make_batch, megatron_model, save_hf
 
 from twinkle.loss import CrossEntropyLoss, Loss
-from twinkle.metric.accuracy import TokenAccuracy
+from twinkle.metric import TokenAccuracy
 from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.model import vocab_parallel as vp
 

@@ -28,8 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 import twinkle
 import twinkle.model.inputs as core_inputs
 import twinkle_hf
-import twinkle_hf.model.training as hf_training
-import twinkle_hf.multi_lora.batched as hf_batched
+import twinkle_hf.model.backend as hf_backend
 from twinkle.loss.token_inputs import TokenOutputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multi_lora"))
@@ -91,8 +90,7 @@ def spy(monkeypatch):
                      for k, v in core_inputs.to_device(batch, device).items()}
             return mode.mark(moved)
 
-        monkeypatch.setattr(hf_training, "to_device", to_device)
-        monkeypatch.setattr(hf_batched, "to_device", to_device)
+        monkeypatch.setattr(hf_backend, "to_device", to_device)  # where every HF batch moves to the device
         with mode:
             step()
         return mode.reads

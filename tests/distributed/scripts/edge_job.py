@@ -123,6 +123,33 @@ def _adapter_after_wrap() -> None:
     model.add_adapter_to_model("late", lora_config())
 
 
+def moved_before_sharding() -> dict[str, list[str]]:
+    """Classes of the modules moved with ``.to(device)`` while a model is built, per plan. Under FSDP2 the
+    whole model must stay where it was loaded until ``fully_shard`` places each rank's shards on its
+    device (on a GPU every rank would otherwise hold the whole model there first); DDP moves it whole."""
+    from twinkle.model import TransformersModel
+
+    moved: list[str] = []
+    original = torch.nn.Module.to
+
+    def spy(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if torch._C._nn._parse_to(*args, **kwargs)[0] is not None:
+            moved.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    result = {}
+    torch.nn.Module.to = spy
+    try:
+        for kind, fsdp in (("fsdp2", 2), ("ddp", 1)):
+            moved.clear()
+            TransformersModel(config=tiny_config(), strategy="native_fsdp", mixed_precision="no",
+                              device_mesh=DeviceMesh.from_sizes(fsdp_size=fsdp))
+            result[kind] = list(moved)
+    finally:
+        torch.nn.Module.to = original
+    return result
+
+
 def fail_mid_step() -> None:
     """Step 1 on both ranks; in step 2 rank 1 raises while rank 0 waits in the gradient all-reduce."""
     rank, world = rank_world()
@@ -140,7 +167,7 @@ def main() -> None:
     rank, _ = rank_world()
     result = {"meminit_ddp": memory_efficient(out, "ddp"), "meminit_fsdp": memory_efficient(out, "fsdp"),
               "meminit_accel": memory_efficient(out, "accel"),
-              "bad_inputs": bad_inputs()}
+              "bad_inputs": bad_inputs(), "moved_before_sharding": moved_before_sharding()}
     torch.save(result, out / f"edge.rank{rank}.pt")
     fail_mid_step()
 

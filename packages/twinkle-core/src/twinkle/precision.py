@@ -11,7 +11,8 @@ object with ``is_available(device_type) -> bool``, ``prepare_model(model) -> mod
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +37,17 @@ class PrecisionPlan:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context a forward (and its loss) runs under."""
+        return self.autocast_factory()()
+
+    def autocast_factory(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+        """A callable making :meth:`autocast`'s context, decided once (a backend keeps it for its hot path)."""
         if self.provider is not None:
-            return self.provider.autocast()
+            return self.provider.autocast
         if self.autocast_dtype is None:
-            return contextlib.nullcontext()
+            return contextlib.nullcontext
         import torch
 
-        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
+        return functools.partial(torch.autocast, device_type=self.device_type, dtype=self.autocast_dtype)
 
     def make_grad_scaler(self, config: Mapping[str, Any] | None = None) -> Any:
         """A ``torch.amp.GradScaler`` for fp16 (configured by ``grad_scaler_config``), else None."""

@@ -7,6 +7,6 @@ Engine (``twinkle.model.facade``).
 """
 
 from twinkle.engine.backend import Backend, ModelBackend
-from twinkle.engine.engine import Engine, Route
+from twinkle.engine.engine import Engine, LazyFloat, Route
 
-__all__ = ["Backend", "Engine", "ModelBackend", "Route"]
+__all__ = ["Backend", "Engine", "LazyFloat", "ModelBackend", "Route"]

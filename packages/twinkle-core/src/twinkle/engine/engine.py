@@ -12,11 +12,18 @@ fp16 overflow). A skipped step changes no weight, optimizer state, ``cur_step`` 
 
 The backend (:class:`twinkle.engine.backend.Backend`) runs a task on a batch and applies what is
 decided here; nothing of this sequence lives in a backend.
+
+Losses are returned as :class:`LazyFloat`: converting a loss to a Python float right away would make
+the host wait for the device after every micro-batch, which stalls the queue of GPU work; a
+LazyFloat keeps the device tensors and converts once, on first use (``float(x)``, arithmetic,
+comparison, formatting). Pickling gives a plain ``float``, so results sent through Ray or
+``torch.save`` are ordinary numbers. ``json.dumps`` needs ``float(x)``.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,9 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from twinkle.loss.base import Loss
-from twinkle.loss.token_inputs import TokenOutputs, needs_reference
+from twinkle.loss.token_inputs import TokenOutputs
 from twinkle.model.inputs import count_tokens
-from twinkle.utils.lazy_float import LazyFloat
 
 if TYPE_CHECKING:
     from twinkle.engine.backend import Backend
@@ -187,7 +193,8 @@ class Engine:
 
     def _with_reference(self, routes: Sequence[Route], batch: Mapping[str, Any], task: str) -> Mapping[str, Any]:
         """The batch with ``ref_logprobs`` of the reference policy when a route's loss needs them."""
-        if task == "causal_lm" and any(needs_reference(r.group.loss, batch) for r in routes):
+        if task == "causal_lm" and "ref_logprobs" not in batch and any(
+                getattr(r.group.loss, "needs_reference", False) for r in routes):
             return {**batch, "ref_logprobs": self.backend.reference_logprobs(routes, batch)}
         return batch
 
@@ -305,3 +312,87 @@ def _accumulate(sums: dict[str, list[Any]], name: str, value: Any, count: Any, r
     entry = sums[name]
     entry[0], entry[1], entry[2] = entry[0] + value, entry[1] + count, entry[2] + recorded
     entry[3] = entry[3] & finite if isinstance(entry[3], torch.Tensor) else finite
+
+
+# ===================================================================== LazyFloat
+def _number(value: Any) -> float:
+    if hasattr(value, "detach"):
+        value = value.detach()
+    return float(value)
+
+
+class LazyFloat:
+    """``numerator / max(denominator, 1)`` of numbers or one-element tensors, computed on first use."""
+
+    __slots__ = ("_parts", "_value")
+
+    def __init__(self, numerator: Any, denominator: Any = 1) -> None:
+        self._parts: tuple[Any, Any] | None = (numerator, denominator)
+        self._value: float | None = None
+
+    def __float__(self) -> float:
+        if self._value is None:
+            numerator, denominator = self._parts
+            self._value = _number(numerator) / max(_number(denominator), 1.0)
+            self._parts = None  # release the device tensors
+        return self._value
+
+    def item(self) -> float:
+        """The value as a Python float (as ``torch.Tensor.item``)."""
+        return float(self)
+
+    # ---------------------------------------------------------------- protocols
+    def __reduce__(self) -> tuple[Any, tuple[float]]:
+        return float, (float(self),)
+
+    def __repr__(self) -> str:
+        return repr(float(self))
+
+    def __format__(self, spec: str) -> str:
+        return format(float(self), spec)
+
+    def __hash__(self) -> int:
+        return hash(float(self))
+
+    def __bool__(self) -> bool:
+        return bool(float(self))
+
+    def __int__(self) -> int:
+        return int(float(self))
+
+    def __round__(self, ndigits: int | None = None) -> Any:
+        return round(float(self), ndigits)
+
+    def as_integer_ratio(self) -> tuple[int, int]:
+        return float(self).as_integer_ratio()
+
+    def is_integer(self) -> bool:
+        return float(self).is_integer()
+
+    def __neg__(self) -> float:
+        return -float(self)
+
+    def __pos__(self) -> float:
+        return float(self)
+
+    def __abs__(self) -> float:
+        return abs(float(self))
+
+
+def _binary(name: str) -> Any:
+    op = getattr(float, name)
+
+    def method(self: LazyFloat, other: Any) -> Any:
+        if isinstance(other, LazyFloat):
+            other = float(other)
+        return op(float(self), other)
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__radd__", "__sub__",
+              "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__",
+              "__mod__", "__rmod__", "__pow__", "__rpow__"):
+    setattr(LazyFloat, _name, _binary(_name))
+numbers.Real.register(LazyFloat)

@@ -83,10 +83,25 @@ def _module_of(model: Any) -> Any:
                     f"got {type(model).__name__}.")
 
 
-def _device_of(module: Any) -> str:
+def _device_of(model: Any, module: Any) -> str:
+    """Whose kernel chains apply: a TwinkleModel's device (its module may still be on the meta device, or on
+    the CPU until FSDP2 places its shards), else the device of the module's tensors; a module on meta takes
+    the platform's device (a meta tensor runs no kernel, so choosing for 'meta' would apply none, silently)."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module) and isinstance(getattr(model, "device", None), torch.device):
+        return model.device.type
     for tensor in (*module.parameters(), *module.buffers()):
-        return tensor.device.type
-    return "cpu"
+        if tensor.device.type != "meta":
+            return tensor.device.type
+        break
+    else:
+        return "cpu"
+    from twinkle.platform import detect_platform
+    from twinkle.runtime import get_runtime
+
+    runtime = get_runtime()
+    return detect_platform(runtime.platform if runtime.initialized else None).device_type
 
 
 class _Selector:
@@ -202,7 +217,7 @@ def kernelize(model: M, config: ConfigLike | None = None, *, device: str | None 
     root = _module_of(model)
     if root in _PLANS:
         unkernelize(root)
-    device = device or _device_of(root)
+    device = device or _device_of(model, root)
     chains = dict(DEFAULT_KERNEL_CONFIG) if config is None else normalize_config(config)
     selector = _Selector(device)
     edits: dict[Any, dict[str, Any]] = {}

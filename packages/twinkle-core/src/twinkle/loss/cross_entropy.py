@@ -26,7 +26,8 @@ class CrossEntropyLoss(Loss):
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if "labels" not in inputs:
             raise KeyError("CrossEntropyLoss needs 'labels' in the inputs (encode the dataset with a template).")
-        logits = output_field(outputs, "logits")
+        logits = outputs["logits"] if isinstance(outputs, Mapping) and "logits" in outputs else \
+            output_field(outputs, "logits")
         labels = inputs["labels"].to(logits.device)
         # shift the labels, not the logits: a slice of the (batch, seq, vocab) logits would be copied
         shift_labels = F.pad(labels, (0, 1), value=self.ignore_index)[..., 1:].reshape(-1)

@@ -220,8 +220,3 @@ def reference_logprobs(inputs: Mapping[str, Any], logits: torch.Tensor) -> torch
     """``ref_logprobs`` for ``inputs`` from a reference forward's logits, in the inputs' own layout."""
     view = token_view(inputs, logits, "reference")
     return view.to_input_alignment(view.logprobs(logits))
-
-
-def needs_reference(loss: Any, inputs: Mapping[str, Any]) -> bool:
-    """Whether a forward must add ``ref_logprobs`` for ``loss`` (it asks and the batch has none)."""
-    return bool(getattr(loss, "needs_reference", False)) and "ref_logprobs" not in inputs

@@ -8,9 +8,7 @@ group itself tracks, then resets them.
 
 from __future__ import annotations
 
-from twinkle.metric.accuracy import TokenAccuracy
-from twinkle.metric.base import Metric
-from twinkle.metric.loss_metric import LossMetric
+from twinkle.metric.builtin import LossMetric, Metric, TokenAccuracy
 
 __all__ = ["LossMetric", "Metric", "TokenAccuracy", "default_metrics"]
 

@@ -176,7 +176,7 @@ class ModelFacade(TwinkleModel):
         """forward + calculate_loss + backward; returns the micro-batch's per-item (token) mean loss.
 
         Under DDP/FSDP2 the mean is over every data rank's tokens, so all ranks return the same number.
-        The number is a :class:`~twinkle.utils.lazy_float.LazyFloat`: nothing waits for the device
+        The number is a :class:`~twinkle.engine.LazyFloat`: nothing waits for the device
         until it is read.
         """
         group = self._group(adapter_name)

@@ -61,12 +61,9 @@ class MultiTenantFacade(ModelFacade):
 
     def _attach_tenants(self, slots: Any, max_loras: int, max_r: int, slot_config: Any, max_length: int) -> None:
         self.max_length = max_length
-        self.multi_lora = MultiLora(slots, max_loras, max_r, slot_config, lock=self.lock,
+        self.multi_lora = MultiLora(slots, max_loras, max_r, slot_config, lock=self.lock, groups=self.optimizer_group,
                                     on_activate=self._open_tenant, on_reset=self._close_tenant)
-        self._router = self._tenant_group
-
-    def _tenant_group(self, name: str | None) -> Any:
-        return self.optimizer_group[self.multi_lora.resolve(name).adapter_name]
+        self._router = self.multi_lora.group
 
     def _open_tenant(self, slot: LoraTenant) -> None:
         self.optimizer_group[slot.adapter_name] = self._new_group(slot.adapter_name, is_adapter=True)

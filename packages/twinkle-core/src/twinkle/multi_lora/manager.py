@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -68,7 +68,7 @@ class MultiLora:
 
     def __init__(self, backend: SlotBackend, max_loras: int, max_r: int, slot_config: Any,
                  prefix: str = "lora_", *, lock: Any = None, on_activate: Callable[[LoraTenant], None] | None = None,
-                 on_reset: Callable[[LoraTenant], None] | None = None) -> None:
+                 on_reset: Callable[[LoraTenant], None] | None = None, groups: Mapping[str, Any] | None = None) -> None:
         for option, value in (("max_loras", max_loras), ("max_r", max_r)):
             check_int(value, option)
         self.backend = backend
@@ -78,6 +78,8 @@ class MultiLora:
         # what the model does when a slot gets or loses a tenant (its optimizer group), beside the slot's tensors
         self._on_activate = on_activate
         self._on_reset = on_reset
+        #: the model's optimizer groups, keyed by slot name (what :meth:`group` resolves a name to)
+        self.groups = groups if groups is not None else {}
         self._local = threading.local()
         self.tenants: list[LoraTenant] = [LoraTenant(i, f"{prefix}{i}", copy.deepcopy(slot_config))
                                          for i in range(max_loras)]
@@ -198,6 +200,10 @@ class MultiLora:
             raise KeyError(f"Slot {name!r} is free (no tenant holds it); acquire_lora(tenant, config) first and use "
                            "the tenant name or the adapter name it returns.")
         return self.get(name)
+
+    def group(self, name: str | None) -> Any:
+        """The optimizer group of the slot :meth:`resolve` finds for ``name``."""
+        return self.groups[self.resolve(name).adapter_name]
 
     def names(self) -> list[str]:
         """Tenants holding a slot, in slot order."""

@@ -7,7 +7,7 @@ naming the numbers and the fix.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from twinkle.log import get_logger
 from twinkle.mesh import DeviceMesh
@@ -22,24 +22,21 @@ KINDS = ("none", "ddp", "fsdp2", "accelerate_fsdp2")
 
 @dataclass(frozen=True)
 class DistributedPlan:
-    """The wrapping of one model and the mesh it spans."""
+    """The wrapping of one model and the mesh it spans (``distributed``, ``sharded``, ``hsdp`` derived once)."""
 
     kind: str
     world_size: int
     dp_size: int = 1
     fsdp_size: int = 1
+    distributed: bool = field(init=False)
+    sharded: bool = field(init=False)
+    hsdp: bool = field(init=False)
 
-    @property
-    def distributed(self) -> bool:
-        return self.kind != "none"
-
-    @property
-    def sharded(self) -> bool:
-        return self.kind in ("fsdp2", "accelerate_fsdp2")
-
-    @property
-    def hsdp(self) -> bool:
-        return self.sharded and self.dp_size > 1 and self.fsdp_size > 1
+    def __post_init__(self) -> None:
+        sharded = self.kind in ("fsdp2", "accelerate_fsdp2")
+        object.__setattr__(self, "distributed", self.kind != "none")
+        object.__setattr__(self, "sharded", sharded)
+        object.__setattr__(self, "hsdp", sharded and self.dp_size > 1 and self.fsdp_size > 1)
 
 
 def env_world_size() -> int:

@@ -61,6 +61,8 @@ class HFBackend:
         self.model_path = model_path
         self.device = device
         self.precision = precision
+        self.autocast = precision.autocast_factory()  # decided once: nothing of it on the hot path
+        self._default_losses: dict[str, Loss] = {}
         self.dist_plan = plan
         self.device_mesh = mesh
         self.mixed_precision = mixed_precision
@@ -136,7 +138,7 @@ class HFBackend:
         return getattr(embeddings, "num_embeddings", None)
 
     def check_task(self, task: str) -> str:
-        return check_choice(task, "task", TASKS)
+        return task if task in TASKS else check_choice(task, "task", TASKS)
 
     def prepare(self, batch: Mapping[str, Any], group: OptimizerGroup, task: str,
                 options: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -155,7 +157,7 @@ class HFBackend:
         if module.training != training:
             module.train(training)
         pooling = options.get("pooling")
-        with self.precision.autocast():
+        with self.autocast():
             if self.ddp is not None:
                 return self.ddp(task, batch, pooling)
             if self.vision is not None:
@@ -179,14 +181,18 @@ class HFBackend:
         training = module.training
         try:
             module.train(False)
-            with torch.no_grad(), self.reference_mode(routes), self.precision.autocast():
+            with torch.no_grad(), self.reference_mode(routes), self.autocast():
                 outputs = self.run_unwrapped("causal_lm", batch, None)
             return reference_logprobs(batch, outputs.logits)
         finally:
             module.train(training)
 
     def loss_for(self, group: OptimizerGroup, task: str, consumable: bool) -> Any:
-        return group.loss if group.loss is not None else _DEFAULT_LOSS[task]()
+        if group.loss is not None:
+            return group.loss
+        if task not in self._default_losses:
+            self._default_losses[task] = _DEFAULT_LOSS[task]()
+        return self._default_losses[task]
 
     def data_sum(self, total: torch.Tensor, items: Any) -> tuple[Any, Any]:
         """(loss sum, items) over every data rank, as tensors on the loss's device; local values on one process.

@@ -69,6 +69,7 @@ class LoraSlots:
         self.initial: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.specs: dict[str, TenantSpec] = {}
         self.configs: dict[str, LoraConfig] = {}  # the LoraConfig each slot's tenant acquired it with
+        self.unused: dict[str, list[torch.Tensor]] = {}  # per slot: views of what its tenant does not train
         self.routes: Sequence[SlotRoute] | None = None
 
     def _hook(self, layers: dict[str, LoraLayer]) -> None:
@@ -124,11 +125,13 @@ class LoraSlots:
         self.specs[tenant.adapter_name] = spec
         self.configs[tenant.adapter_name] = tenant.tenant_config
         self.zero_unused_ranks(spec)
+        self.unused[tenant.adapter_name] = self._unused_views(spec)
 
     def reset_slot(self, tenant: LoraTenant) -> None:
         self.reset(tenant.adapter_name)
         self.specs.pop(tenant.adapter_name, None)
         self.configs.pop(tenant.adapter_name, None)
+        self.unused.pop(tenant.adapter_name, None)
 
     def seed_slot(self, slot: str, seed: int) -> None:
         self.seeded_init(self.specs[slot], seed)
@@ -154,8 +157,27 @@ class LoraSlots:
         """The reference policy is the shared base: a route with no tenant adds no LoRA."""
         return self.route([])
 
+    @torch.no_grad()
     def after_step(self, group: OptimizerGroup) -> None:
-        self.zero_unused_ranks(self.specs[group.name], after_step=True)  # whatever the optimizer does
+        """Re-zero the ranks and layers the tenant does not train, whatever the optimizer did (zero gradients
+        keep them at zero under AdamW, Muon or SGD, so this only guards against other optimizers)."""
+        views = self.unused[group.name]
+        if views:
+            torch._foreach_zero_(views)
+
+    def _unused_views(self, spec: TenantSpec) -> list[torch.Tensor]:
+        """Views of the slot's unused ranks and untargeted layers (sharded slots: none, re-zeroing would
+        all-gather every step)."""
+        views = []
+        for name in self.layers:
+            a, b = self.pair(name, spec.slot)
+            if is_sharded(a):
+                return []
+            if name not in spec.targets:
+                views += [a.data, b.data]
+            elif spec.r < a.shape[0]:
+                views += [a.data[spec.r:], b.data[:, spec.r:]]
+        return views
 
     def describe(self, group: OptimizerGroup) -> list[str]:
         spec = self.specs[group.name]
