@@ -21,7 +21,8 @@ def make_multi(seed: int = 0, max_loras: int = 3, max_r: int = 16, mixed_precisi
 def reference_base(model: Any) -> torch.nn.Module:
     """A plain transformers model with the same base weights as the multi-LoRA model."""
     ref = AutoModelForCausalLM.from_config(tiny_config(), dtype=torch.float32)
-    state = {k.replace(".base_layer", ""): v for k, v in model.backend.hf_model().state_dict().items() if "lora_" not in k}
+    state = {k.replace(".base_layer", ""): v for k, v in model.backend.hf_model().state_dict().items()
+             if "lora_" not in k}
     ref.load_state_dict(state, strict=True)
     return ref
 
