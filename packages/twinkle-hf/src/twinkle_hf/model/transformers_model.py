@@ -35,10 +35,11 @@ from twinkle_hf.model.vision import VisionMixin
 def _device() -> torch.device:
     """This process's device: the runtime's platform if initialised, else the best available one."""
     from twinkle.platform import detect_platform
+    from twinkle.runtime import local_rank
 
     runtime = get_runtime()
     platform = detect_platform(runtime.platform if runtime.initialized else None)
-    return platform.device(runtime.local_rank)
+    return platform.device(local_rank())  # without initialize: torchrun's LOCAL_RANK
 
 
 @remote_class()
