@@ -76,3 +76,41 @@ def test_config_keys_are_checked_at_construction() -> None:
     with pytest.raises(ValueError, match=r"fsdp_config keys \['shard_everything'\] are not understood by "
                                          r"strategy='native_fsdp'"):
         TransformersModel(config=tiny_config("qwen2"), strategy="native_fsdp", fsdp_config={"shard_everything": 1})
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(tiny_config("qwen2"))
+
+
+def _accelerate_policy(monkeypatch, model, mixed_precision: str, fsdp_config: dict | None = None):
+    """The MixedPrecisionPolicy wrap_accelerate_fsdp2 hands to accelerate (the FSDP2 wrapping itself is not run)."""
+    from accelerate.utils import fsdp_utils
+
+    from twinkle_hf.distributed import wrap
+
+    seen = {}
+    monkeypatch.setattr(fsdp_utils, "fsdp2_prepare_model",
+                        lambda accelerator, model: seen.setdefault("policy", accelerator.state.fsdp_plugin
+                                                                   .mixed_precision_policy))
+    monkeypatch.setattr(wrap, "check_sharded", lambda model, strategy: None)
+    wrap.wrap_accelerate_fsdp2(model, model, torch.device("cpu"), mixed_precision, fsdp_config or {})
+    return seen["policy"]
+
+
+def test_accelerate_fsdp2_reduces_fp16_gradients_in_fp32_like_native_fsdp2(monkeypatch, tiny_qwen2) -> None:
+    """Issue 22, defect 5: accelerate's own fp16 policy reduce-scatters in fp16 (loss-scaled sums overflow)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from twinkle_hf.distributed.wrap import mp_policy
+
+    fp16 = _accelerate_policy(monkeypatch, tiny_qwen2, "fp16")
+    assert (fp16.param_dtype, fp16.reduce_dtype) == (torch.float16, torch.float32)
+    assert fp16.reduce_dtype == mp_policy("fp16", {}).reduce_dtype  # what strategy='native_fsdp' does
+    # bf16 keeps accelerate's policy (bf16 has fp32's range; half the bytes)
+    bf16 = _accelerate_policy(monkeypatch, tiny_qwen2, "bf16")
+    assert (bf16.param_dtype, bf16.reduce_dtype) == (torch.bfloat16, torch.bfloat16)
+    mine = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float16)
+    assert _accelerate_policy(monkeypatch, tiny_qwen2, "fp16", {"mixed_precision_policy": mine}) == mine  # user's

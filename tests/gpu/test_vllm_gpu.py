@@ -4,6 +4,10 @@ Run: ``python -m pytest tests/gpu/test_vllm_gpu.py -m gpu``. A tiny Qwen2 model 
 embedded tokenizer) is written to a directory both vLLM and a TransformersModel load; vLLM's sampled
 log-probabilities must match TorchSampler's full forward of the same sequences (bf16 engine vs fp32
 trainer: 0.05 per token), before and after syncing a LoRA adapter and full weights.
+
+The engine is vLLM's default: V1 with the engine core in its own process and LoRA enabled, so the
+full-weight sync crosses the process boundary (VLLMSampler sets VLLM_ALLOW_INSECURE_SERIALIZATION=1
+before building it) and loads into the LoRA-wrapped ``.base_layer`` weights.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # apply_model runs in this process
+os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the default multiprocess engine, as users run it
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (hardware)")]
@@ -80,4 +84,5 @@ def test_vllm_samples_match_the_trainers_logprobs_and_follow_lora_and_full_syncs
                                    "labels": torch.tensor([[1, 20, 30, 40, 50]])})
     model.clip_grad_and_step(max_grad_norm=1e9)
     vllm_sampler.sync_weights(model)
+    assert os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
     _check(vllm_sampler, TorchSampler(model), None)

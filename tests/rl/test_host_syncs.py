@@ -116,6 +116,8 @@ def test_the_spy_sees_the_reads_it_must_forbid(spy):
 
 
 LOSSES = [("cross_entropy", {}, lambda seed: make_batch(seed)),
+          # the torch chunked kernel (no liger here): fixed chunks over all positions, ignored rows masked
+          ("LigerFusedLinearCrossEntropyLoss", {"chunk_size": 5}, lambda seed: make_batch(seed)),
           ("grpo", {"beta": 0.2}, make_rollouts),  # the KL term adds a reference forward (adapters off)
           ("gspo", {}, make_rollouts),
           ("dr_grpo", {"max_tokens": 8}, make_rollouts),
@@ -154,3 +156,45 @@ def test_several_tenants_in_one_step_read_nothing_back_from_the_device(spy):
 
     assert spy(model, step) == []
     assert set(losses) == {"t1", "t2"}
+
+
+def test_the_fused_linear_ce_kernel_reads_nothing_back_from_the_device():
+    """Issue 22, defect 4: the chunk loop was sized by ``valid.nonzero()``, one sync per micro-batch."""
+    from twinkle.kernel import fused_linear_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(30, 8, generator=g).requires_grad_()
+    weight = (torch.randn(40, 8, generator=g) * 0.3).requires_grad_()
+    bias = torch.zeros(40).requires_grad_()
+    labels = torch.randint(0, 40, (30,), generator=g)
+    labels[::3] = -100
+    mode = DeviceReads([hidden, weight, bias, labels])
+    with mode:
+        out = fused_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=7)
+        out.loss.backward()
+    assert mode.reads == []
+    assert int(out.num_tokens) == 20 and hidden.grad[::3].abs().sum() == 0  # ignored rows: masked, no gradient
+
+
+def _batch(vocab: int = 50) -> dict:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (2, 6), generator=g)
+    labels = ids.clone()
+    labels[:, :2] = -100
+    return {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+
+
+def test_the_batch_check_reads_a_device_batch_back_once():
+    """Issue 22, defect 4: boolean-mask indexing of the labels was a second sync (its size depends on the data)."""
+    from twinkle.model.batch_check import check_batch
+
+    batch = _batch()
+    mode = DeviceReads(list(batch.values()))
+    with mode:
+        check_batch(batch, vocab_size=50)
+    assert [call for call, _, _ in mode.reads] == ["tolist"], mode.reads
+    bad = _batch()
+    bad["labels"][0, 3] = 50
+    with pytest.raises(ValueError, match="labels holds 50"):
+        check_batch(bad, vocab_size=50)
+    assert check_batch(_batch(), vocab_size=50)["labels"].device.type == "cpu"  # a host batch stays on the host

@@ -7,19 +7,21 @@ The fake engine records what the sampler sends and answers with objects shaped l
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import fake_vllm
 import pytest
 import torch
-from hf_testing import make_model
+from hf_testing import make_model, tiny_config
 from peft import LoraConfig, PeftConfig
 from safetensors.torch import load_file
 
 from twinkle.registry import resolve
 from twinkle.sampler import SamplingParams
 from twinkle_hf.sampler import VLLMSampler
-from twinkle_hf.sampler.vllm_sampler import parse_completion, sampling_kwargs
+from twinkle_hf.sampler.vllm_sampler import lora_base_layer_names, parse_completion, sampling_kwargs
 
 
 class FakeApi:
@@ -67,13 +69,22 @@ class FakeEngine:
         return outputs
 
     def apply_model(self, fn):
-        model = SimpleNamespace(loaded=[])
+        model = torch.nn.Module()  # a vLLM model is a torch module (here without LoRA-wrapped layers)
+        model.loaded = []
         model.load_weights = lambda weights: model.loaded.extend(weights)
         fn(model)
         self.applied.append(model.loaded)
 
     def reset_prefix_cache(self):
         self.resets += 1
+
+
+@pytest.fixture(autouse=True)
+def vllm_environment(monkeypatch):
+    """vLLM's defaults (multiprocess engine, no pickling); whatever a sampler sets is undone afterwards."""
+    for var in (fake_vllm.INSECURE, "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.setenv(var, "")  # recorded as absent before: removed again at teardown
+        monkeypatch.delenv(var)
 
 
 @pytest.fixture
@@ -183,3 +194,66 @@ def test_without_vllm_the_engine_names_the_extra():
 
 def test_registered_by_name():
     assert resolve("sampler", "VLLMSampler") is VLLMSampler
+
+
+# ------------------------------------------------------- full weights into the default (LoRA, multiprocess) engine
+def _expected_vllm_weights(model) -> dict[str, torch.Tensor]:
+    """The trainer's HF weights laid out as vLLM's Qwen2 holds them (q/k/v and gate/up packed)."""
+    state = model.get_state_dict()
+    expected = {}
+    for name, tensor in state.items():
+        if ".q_proj." in name:
+            parts = [state[name.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
+            expected[name.replace("q_proj", "qkv_proj")] = torch.cat(parts)
+        elif ".gate_proj." in name:
+            expected[name.replace("gate_proj", "gate_up_proj")] = torch.cat([tensor, state[name.replace("gate", "up")]])
+        elif not any(f".{p}." in name for p in ("k_proj", "v_proj", "up_proj")):
+            expected[name] = tensor
+    return expected
+
+
+def _held(vllm_model) -> dict[str, torch.Tensor]:
+    return {n.replace(".base_layer", ""): p.detach() for n, p in vllm_model.named_parameters()}
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["enable_lora", "no_lora"])
+def test_full_weights_reach_the_default_vllm_engine(tmp_path, lora):
+    """Issue 22, defect 6: with enable_lora=True (the default) vLLM holds q/k/v as qkv_proj.base_layer.weight,
+    and under the V1 multiprocess engine apply_model pickles the callback (VLLM_ALLOW_INSECURE_SERIALIZATION)."""
+    model = make_model(seed=2)
+    api = fake_vllm.Api(tiny_config("qwen2"))
+    sampler = VLLMSampler("some/model", api=api, adapter_dir=str(tmp_path), enable_lora=lora)
+    sampler.sync_weights(model)
+    assert os.environ[fake_vllm.INSECURE] == "1"  # set before the engine (its process) was built
+    held, expected = _held(sampler.engine.model), _expected_vllm_weights(model)
+    assert held.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(held[name], tensor), name
+    assert sampler.engine.resets == 1
+    wrapped = [n for n, _ in sampler.engine.model.named_parameters() if ".base_layer." in n]
+    assert bool(wrapped) is lora
+
+
+def test_a_given_multiprocess_engine_without_pickling_allowed_is_refused_with_what_to_do(tmp_path):
+    engine = fake_vllm.Api(tiny_config("qwen2")).llm(enable_lora=True)  # built by the user, variable unset
+    sampler = VLLMSampler(engine=engine, adapter_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="VLLM_ALLOW_INSECURE_SERIALIZATION=1 .* VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+        sampler.sync_weights(make_model(seed=2))
+    assert fake_vllm.INSECURE not in os.environ  # a user's engine: the sampler does not change the environment
+
+
+def test_names_follow_the_models_weight_mapper():
+    """A model whose loader strips a prefix (vLLM's hf_to_vllm_mapper) still gets base_layer names."""
+
+    class Mapper:
+        def apply(self, weights):
+            return ((name.removeprefix("model."), data) for name, data in weights)
+
+    vllm_model = fake_vllm.VllmQwen2(tiny_config("qwen2", num_hidden_layers=1), lora=True)
+    vllm_model.hf_to_vllm_mapper = Mapper()
+    names = [n for n, _ in lora_base_layer_names(vllm_model, [(n, None) for n in (
+        "model.layers.0.self_attn.k_proj.bias", "model.layers.0.mlp.down_proj.weight", "model.norm.weight",
+        "model.embed_tokens.weight", "lm_head.weight")])]
+    assert names == ["model.layers.0.self_attn.k_proj.base_layer.bias",
+                     "model.layers.0.mlp.down_proj.base_layer.weight",
+                     "model.norm.weight", "model.embed_tokens.weight", "lm_head.weight"]

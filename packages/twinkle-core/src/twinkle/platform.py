@@ -39,9 +39,21 @@ class Platform:
 
     @classmethod
     def device(cls, local_rank: int = 0):
+        """This rank's device: index ``local_rank`` modulo the visible devices, as ``set_device`` binds it."""
         import torch
 
-        return torch.device(cls.device_type, local_rank) if cls.device_count() else torch.device(cls.device_type)
+        count = cls.device_count()
+        return torch.device(cls.device_type, local_rank % count) if count else torch.device(cls.device_type)
+
+    @classmethod
+    def bind(cls, local_rank: int) -> dict:
+        """Bind this process to its device; returns what binds the process group to it as well.
+
+        The ``init_process_group`` keyword arguments: ``device_id`` (this rank's device) on an
+        accelerator, so NCCL/HCCL set up on the right device at once; nothing on the CPU.
+        """
+        cls.set_device(local_rank)
+        return {"device_id": cls.device(local_rank)} if cls.device_count() else {}
 
     @classmethod
     def comm_device(cls):

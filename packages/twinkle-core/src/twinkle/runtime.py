@@ -66,6 +66,20 @@ def get_device_mesh() -> DeviceMesh:
     return _runtime.device_mesh
 
 
+def env_local_rank() -> int:
+    """The launcher's local rank: ``LOCAL_RANK`` (torchrun), else ``RANK``, else 0 (a plain process)."""
+    return int(os.environ.get("LOCAL_RANK") or os.environ.get("RANK") or 0)
+
+
+def local_rank() -> int:
+    """This process's device index on its node: ``initialize``'s, or the launcher's when it has not run.
+
+    A torchrun script may skip ``initialize`` (a MegatronModel brings torch.distributed up itself);
+    every rank must still pick its own device, not device 0.
+    """
+    return _runtime.local_rank if _runtime.initialized else env_local_rank()
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (every device) with one number."""
     import numpy as np
@@ -135,19 +149,20 @@ def initialize(
     platform = detect_platform(device)
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    local_rank = env_local_rank()
     mesh = global_device_mesh or DeviceMesh.from_sizes(world_size=world_size)
     mesh.check_world_size(world_size)
     group_table = _check_groups(groups or (), world_size, mode)
     _stop_cluster()
 
-    platform.set_device(local_rank)
+    bound = platform.bind(local_rank)
     if world_size > 1:
         import torch.distributed as dist
 
         if not dist.is_initialized():
             kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-            dist.init_process_group(backend=platform.dist_backend, rank=rank, world_size=world_size, **kwargs)
+            dist.init_process_group(backend=platform.dist_backend, rank=rank, world_size=world_size, **bound,
+                                    **kwargs)
             # A script should not have to remember destroy_process_group; see _close_process_groups.
             atexit.register(_close_process_groups)
     if seed is not None:

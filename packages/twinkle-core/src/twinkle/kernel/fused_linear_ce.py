@@ -1,12 +1,14 @@
 """Fused linear + cross-entropy in plain torch: the (N, V) logits are never materialised.
 
-The trained tokens (label != ignore_index) are processed in chunks of ``chunk_size`` rows. For each
-chunk the forward computes the chunk's logits, its loss and arg-max hits and — when gradients are
-needed — the chunk's gradient right away (softmax minus one-hot, written over the logits buffer),
-folding it into the hidden and weight gradients. Backward then only scales those by the incoming
-gradient. This is the liger-kernel recipe in torch: no more FLOPs than the plain path (fewer: the
-ignored rows are skipped), with peak extra memory of one chunk of logits plus the gradients the
-plain path produces anyway.
+The positions are processed in fixed chunks of ``chunk_size`` rows. For each chunk the forward
+computes the chunk's logits, its loss and arg-max hits and — when gradients are needed — the
+chunk's gradient right away (softmax minus one-hot, written over the logits buffer), folding it
+into the hidden and weight gradients; rows labelled ``ignore_index`` are masked out of all of them.
+Backward then only scales those by the incoming gradient. This is the liger-kernel recipe in torch:
+the FLOPs of the plain path, with peak extra memory of one chunk of logits plus the gradients the
+plain path produces anyway. Nothing is read back to the host: the chunks depend on shapes only, so
+on an accelerator no micro-batch waits for the device (skipping the ignored rows would need their
+count on the host — a sync per call).
 """
 
 from __future__ import annotations
@@ -31,45 +33,38 @@ def _chunked(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, b
              ignore_index: int, chunk_size: int, grads: tuple[bool, bool, bool]) -> tuple[Any, ...]:
     """Loss sum, correct count, token count and the unscaled (sum-reduction) gradients.
 
-    Only rows with a label are multiplied at all (ignored rows have zero loss and zero gradient),
-    so prompt and padding tokens cost nothing. Per chunk: one pass for max/arg-max, one for the
-    shift, one exp, one sum, and (with gradients) one division — softmax is built in the logits
-    buffer and turned into the logits gradient in place.
+    Every row is multiplied; an ignored row's loss, hit and gradient are masked to zero (its label
+    replaced by 0 only to index safely). Per chunk: one pass for max/arg-max, one for the shift, one
+    exp, one sum, and (with gradients) one division — softmax is built in the logits buffer and
+    turned into the logits gradient in place.
     """
     need_h, need_w, need_b = grads
     n, v = hidden.shape[0], weight.shape[0]
     valid = labels != ignore_index
-    rows = valid.nonzero().squeeze(1)
-    compact = rows.numel() < n
-    hidden_rows = hidden.index_select(0, rows) if compact else hidden
-    label_rows = labels.index_select(0, rows) if compact else labels
+    safe_labels = labels.masked_fill(~valid, 0)
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
     correct = torch.zeros((), dtype=torch.int64, device=hidden.device)
-    grad_h = None
-    if need_h:
-        grad_h = (torch.zeros if compact else torch.empty)(hidden.shape, dtype=hidden.dtype, device=hidden.device)
+    grad_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_h else None
     grad_w = torch.zeros(v, weight.shape[1], dtype=torch.float32, device=weight.device) if need_w else None
     grad_b = torch.zeros(v, dtype=torch.float32, device=weight.device) if need_b else None
-    for start in range(0, rows.numel(), chunk_size):
-        end = min(start + chunk_size, rows.numel())
-        h, y = hidden_rows[start:end], label_rows[start:end].unsqueeze(1)
+    for start in range(0, n, chunk_size):
+        end = min(start + chunk_size, n)
+        h, y, keep = hidden[start:end], safe_labels[start:end].unsqueeze(1), valid[start:end]
         logits = (torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()).float()
         top, predicted = logits.max(dim=-1)
-        correct += (predicted == y.squeeze(1)).sum()
+        correct += ((predicted == y.squeeze(1)) & keep).sum()
         logits.sub_(top.unsqueeze(1))
         target = logits.gather(1, y).squeeze(1)
         total = logits.exp_().sum(dim=-1)
-        loss += (total.log() - target).sum()
+        loss += torch.where(keep, total.log() - target, 0.0).sum()
         if not (need_h or need_w or need_b):
             continue
         grad = logits.div_(total.unsqueeze(1))  # softmax
         grad.scatter_add_(1, y, torch.full(y.shape, -1.0, dtype=grad.dtype, device=grad.device))
+        grad.masked_fill_(~keep.unsqueeze(1), 0.0)  # ignored rows: no gradient
         g = grad.to(hidden.dtype)
         if need_h:
-            if compact:
-                grad_h.index_copy_(0, rows[start:end], g @ weight)
-            else:
-                torch.mm(g, weight, out=grad_h[start:end])
+            torch.mm(g, weight, out=grad_h[start:end])
         if need_w:
             if g.dtype == torch.float32:
                 grad_w.addmm_(g.t(), h)

@@ -63,15 +63,18 @@ def _check_shape(batch: Mapping[str, Any], name: str, ids: Any, fits: Any) -> No
 
 
 def _check_range(ids: Any, labels: Any, vocab: int, ignore: int) -> None:
-    """One host sync: the min and max of the ids and of the trained labels."""
+    """The min and max of the ids and of the trained labels, read in one go where ``ids`` live.
+
+    No boolean indexing (its size depends on the data: a host sync of its own on a device): ignored
+    labels are replaced by 0, which is inside every vocabulary. A batch on the host stays there; a
+    batch on an accelerator costs one sync (the ``tolist``).
+    """
     import torch
 
     values = list(torch.aminmax(ids))
     if labels is not None:
-        trained = labels[labels != ignore]
-        if trained.numel():
-            values += list(torch.aminmax(trained))
-    found = torch.stack([v.to(values[0].device) for v in values]).tolist()
+        values += list(torch.aminmax(labels.masked_fill(labels == ignore, 0)))
+    found = torch.stack([v.to(ids.device, torch.int64) for v in values]).tolist()
     low, high = found[0], found[1]
     if low < 0 or high >= vocab:
         bad = low if low < 0 else high

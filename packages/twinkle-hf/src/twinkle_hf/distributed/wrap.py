@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -96,10 +97,12 @@ def wrap_accelerate_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, dev
     """accelerate's FSDP2 plugin from ``fsdp_config``; returns (accelerator, layer classes).
 
     ``mixed_precision='bf16'|'fp16'`` becomes the plugin's policy the way accelerate sets it itself
-    (parameters all-gathered and gradients reduce-scattered in that dtype) unless ``fsdp_config``
-    names a ``mixed_precision_policy``. accelerate ignores an FSDP plugin when it runs on CPU and
-    wraps in DDP instead; the distributed type is set to FSDP explicitly so it really shards, and
-    the result is checked. accelerate's process-wide state is put back as it was afterwards.
+    (parameters all-gathered and, for bf16, gradients reduce-scattered in that dtype) unless
+    ``fsdp_config`` names a ``mixed_precision_policy``. fp16 gradients are reduced in fp32, as under
+    native FSDP2: loss-scaled fp16 gradients summed over ranks overflow fp16's range. accelerate
+    ignores an FSDP plugin when it runs on CPU and wraps in DDP instead; the distributed type is set
+    to FSDP explicitly so it really shards, and the result is checked. accelerate's process-wide
+    state is put back as it was afterwards.
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
@@ -122,6 +125,9 @@ def wrap_accelerate_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, dev
             raise ValueError("TransformersModel uses FSDP2: fsdp_config['fsdp_version'] must be 2.")
         if plugin.mixed_precision_policy is None and mixed_precision in _MP_DTYPES:
             plugin.set_mixed_precision(mixed_precision)
+            if mixed_precision == "fp16":
+                plugin.mixed_precision_policy = dataclasses.replace(plugin.mixed_precision_policy,
+                                                                    reduce_dtype=torch.float32)
         accelerator = Accelerator(fsdp_plugin=plugin, cpu=device.type == "cpu")
         if accelerator.state.distributed_type != DistributedType.FSDP:
             accelerator.state.distributed_type = DistributedType.FSDP

@@ -30,10 +30,11 @@ from twinkle_hf.model.meta import on_meta
 def process_device() -> torch.device:
     """This process's device: the runtime's platform if initialised, else the best available one."""
     from twinkle.platform import detect_platform
+    from twinkle.runtime import local_rank
 
     runtime = get_runtime()
     platform = detect_platform(runtime.platform if runtime.initialized else None)
-    return platform.device(runtime.local_rank)
+    return platform.device(local_rank())  # without initialize: torchrun's LOCAL_RANK
 
 
 def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh: DeviceMesh | None,

@@ -8,7 +8,13 @@ trainer calls :meth:`VLLMSampler.sync_weights`:
   registered under a fresh LoRA id, so vLLM loads the new version on the next request (the old id is
   removed);
 * full-model weights go in memory: the HF-named tensors of ``model.get_state_dict()`` are handed to
-  the engine's ``load_weights`` (through ``LLM.apply_model``) and the prefix cache is reset.
+  the engine's ``load_weights`` (through ``LLM.apply_model``) and the prefix cache is reset. With
+  LoRA enabled (the default) vLLM keeps each linear layer it can adapt under ``.base_layer``; the
+  names are mapped to those (:func:`lora_base_layer_names`) inside the engine. Under vLLM V1's
+  default multiprocess engine ``apply_model`` pickles the callback to the engine process, which
+  vLLM allows only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` in its environment: the sampler sets
+  it (unless set already) before it builds the engine; for an engine passed in, a full-weight sync
+  without it fails with a message saying so.
 
 Requests are built by :func:`sampling_kwargs` (twinkle's :class:`~twinkle.sampler.SamplingParams`
 to vLLM's) and read back by :func:`parse_completion`; both are pure, so they are tested without vLLM.
@@ -20,6 +26,7 @@ reports the raw model distribution by default (``logprobs_mode='raw_logprobs'``)
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -27,8 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinkle.log import get_logger
 from twinkle.sampler import SampledSequence, Sampler, SampleResult, SamplingParams, as_prompts, per_prompt_adapters
 from twinkle.sampler.base import Adapters, Prompts
+
+#: vLLM refuses to pickle anything across its engine-process boundary (``apply_model``'s callback) without it
+INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+#: vLLM V1 runs the engine core in its own process unless this is "0"
+MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 def import_vllm() -> Any:
@@ -120,6 +133,11 @@ class VLLMSampler(Sampler):
     @property
     def engine(self) -> Any:
         if self._engine is None:
+            if INSECURE_SERIALIZATION not in os.environ and _engine_in_own_process():
+                # inherited by the engine process at its start: needed there for full-weight syncs (apply_model)
+                os.environ[INSECURE_SERIALIZATION] = "1"
+                get_logger().info("VLLMSampler: set %s=1 so that full-weight syncs can hand the weights to vLLM's "
+                                  "engine process (LLM.apply_model pickles them).", INSECURE_SERIALIZATION)
             self._engine = self.api.llm(**self.engine_kwargs)
         return self._engine
 
@@ -191,18 +209,74 @@ class VLLMSampler(Sampler):
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         if not weights:
             raise ValueError("load_weights got no tensors.")
-        self.engine.apply_model(_LoadWeights(weights))
+        engine = self.engine
+        if _engine_in_own_process() and not _env_flag(INSECURE_SERIALIZATION):
+            raise RuntimeError(
+                f"A full-weight sync hands the weights to vLLM's engine process (LLM.apply_model), which vLLM V1 "
+                f"refuses unless {INSECURE_SERIALIZATION}=1 was in the environment when the engine was built "
+                f"(it is {os.environ.get(INSECURE_SERIALIZATION)!r} here). Set it before building the vllm.LLM, let "
+                f"VLLMSampler(model_id) build the engine (it sets it), or run the engine in this process with "
+                f"{MULTIPROCESSING}=0.")
+        engine.apply_model(_LoadWeights(weights))
         reset = getattr(self.engine, "reset_prefix_cache", None)
         if reset is not None:
             reset()
 
 
+def _env_flag(name: str, default: str = "0") -> bool:
+    """A vLLM boolean environment variable as vLLM reads it (``bool(int(value))``)."""
+    try:
+        return bool(int(os.environ.get(name, default) or default))
+    except ValueError:
+        return False
+
+
+def _engine_in_own_process() -> bool:
+    return _env_flag(MULTIPROCESSING, "1")
+
+
 class _LoadWeights:
-    """A picklable ``apply_model`` callback: the engine's model loads the given (name, tensor) pairs."""
+    """A picklable ``apply_model`` callback: the engine's model loads the given (HF name, tensor) pairs."""
 
     def __init__(self, weights: list[tuple[str, Any]]) -> None:
         self.weights = weights
 
-    def __call__(self, vllm_model: Any) -> Any:
+    def __call__(self, vllm_model: Any) -> None:
         load: Callable[[Any], Any] = vllm_model.load_weights
-        return load(iter(self.weights))
+        load(iter(lora_base_layer_names(vllm_model, self.weights)))  # its result (vLLM's names) stays there
+
+
+def lora_base_layer_names(vllm_model: Any, weights: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``weights`` with HF names renamed to what a LoRA-enabled vLLM model holds.
+
+    With ``enable_lora`` vLLM replaces every linear layer it can adapt by a wrapper that keeps the
+    original module as ``base_layer``, so ``qkv_proj.weight`` is held as ``qkv_proj.base_layer.weight``
+    and the model's ``load_weights`` fails with a KeyError on the plain name. A name whose layer is
+    wrapped gets ``.base_layer`` before its last part (``q_proj.weight`` -> ``q_proj.base_layer.weight``);
+    the layer is found through the model's ``hf_to_vllm_mapper`` and ``packed_modules_mapping`` (q/k/v
+    are packed into ``qkv_proj``), and ``load_weights`` still does the renaming and packing itself.
+    Without wrapped layers (LoRA off) the names are left as they are.
+    """
+    wrapped: set[str] = set()  # every wrapped layer's path and its dotted suffixes (loaders strip prefixes)
+    for name, _ in vllm_model.named_modules():
+        if name.endswith(".base_layer"):
+            parts = name[: -len(".base_layer")].split(".")
+            wrapped.update(".".join(parts[i:]) for i in range(len(parts)))
+    if not wrapped:
+        return list(weights)
+    packed = {part: whole for whole, parts in (getattr(vllm_model, "packed_modules_mapping", None) or {}).items()
+              for part in parts}
+    mapper = getattr(vllm_model, "hf_to_vllm_mapper", None)
+    renamed = []
+    for name, tensor in weights:
+        mapped = name
+        if mapper is not None:
+            mapped = next(iter(mapper.apply([(name, None)])), (name, None))[0]
+        layer, _, _ = mapped.rpartition(".")
+        head, _, last = layer.rpartition(".")
+        target = f"{head}.{packed.get(last, last)}" if head else packed.get(last, last)
+        if target in wrapped and ".base_layer." not in name:
+            module, _, leaf = name.rpartition(".")
+            name = f"{module}.base_layer.{leaf}"
+        renamed.append((name, tensor))
+    return renamed

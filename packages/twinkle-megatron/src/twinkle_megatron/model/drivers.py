@@ -4,9 +4,11 @@ Both drivers share one gradient contract: backward runs on the *sum* of per-toke
 (megatron's ``calculate_per_token_loss``), and on the accumulation boundary :meth:`finalize`
 divides by the number of tokens of the whole window (all data- and context-parallel ranks
 together, through ``finalize_model_grads`` on GPU), giving the token-weighted mean gradient
-DESIGN.md asks for. On GPU clipping happens inside megatron's ``optimizer.step()``; ``clip``
-computes and reports the norm and sets the threshold that step applies. Every group has its own
-driver, so several adapters (multi-LoRA tenants) train interleaved with their own optimizer state.
+DESIGN.md asks for. On GPU a step prepares the gradients exactly once (megatron's ``prepare_grads``:
+copy to the main grads, unscale, check for inf/NaN, update the fp16 loss scale); ``clip`` computes the
+norm once and clips, and ``step`` runs ``step_with_ready_grads`` (megatron's ``step()`` would prepare
+again). Every group has its own driver, so several adapters (multi-LoRA tenants) train interleaved
+with their own optimizer state.
 """
 
 from __future__ import annotations
@@ -129,41 +131,53 @@ class MegatronDriver:
         self.chunks = chunks
         self.params = params
         self.scale_loss = optimizer.scale_loss  # the schedule scales this group's loss with it (fp16)
-        self._clip: float | None = None
+        self._found_inf: bool | None = None  # prepare_grads' answer for the step under way (None: not prepared)
 
     @property
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def _configs(self) -> list[Any]:
-        subs = getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]
-        return [sub.config for sub in subs]
-
     def finalize(self, num_tokens: Any) -> None:
         from megatron.core.distributed import finalize_model_grads
 
+        self._found_inf = None  # a new window's gradients: not prepared yet
         tokens = torch.as_tensor(num_tokens, device=torch.cuda.current_device()).reshape(()).to(torch.int64)
         with only_trainable(self.chunks[0].module, self.params):
             finalize_model_grads(self.chunks, num_tokens=tokens)
 
+    def _prepare(self) -> bool:
+        """megatron's prepare_grads, once per step (it updates the fp16 loss scale); True: inf/NaN found."""
+        if self._found_inf is None:
+            self._found_inf = bool(self.optimizer.prepare_grads())
+        return self._found_inf
+
     def clip(self, max_norm: float, norm_type: float) -> float | None:
+        """The norm of the prepared gradients (one reduction), clipped to ``max_norm`` as megatron's step would."""
+        from megatron.core.optimizer import clip_grads
+
         if norm_type != 2:
             raise MegatronConfigError(f"norm_type={norm_type}: megatron-core's optimizer clips by the L2 norm only.")
-        self._clip = float(max_norm)
-        if self.optimizer.prepare_grads():  # found inf/nan (fp16): the step will be skipped
+        if self._prepare():  # found inf/nan (fp16): the step will be skipped
             return None
-        return float(self.optimizer.get_grad_norm())
+        norm = self.optimizer.get_grad_norm()
+        subs = getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]
+        for sub in subs if max_norm > 0 else ():  # as ChainedOptimizer.step clips each by the total norm
+            params = [] if getattr(sub, "is_stub_optimizer", False) else sub.get_parameters()
+            if params:
+                clip_grads.clip_grad_by_total_norm_fp32(
+                    params, max_norm=max_norm, total_norm=norm,
+                    use_decoupled_grad=sub.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+        return float(norm)
 
     def step(self) -> bool:
-        for config in self._configs():
-            config.clip_grad = self._clip or 0.0
+        """Apply the prepared (and, when clip ran, clipped) gradients; False: fp16 overflow, nothing changed."""
         try:
-            success, _, _ = self.optimizer.step()
+            return False if self._prepare() else bool(self.optimizer.step_with_ready_grads())
         finally:
-            self._clip = None
-        return bool(success)
+            self._found_inf = None
 
     def zero_grad(self) -> None:
+        self._found_inf = None  # a skipped step (inf/NaN loss) prepared but never stepped
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()

@@ -39,10 +39,11 @@ MEGATRON_PRECISIONS = ("no", "bf16", "fp16", "fp8")
 
 def _device() -> torch.device:
     from twinkle.platform import detect_platform
+    from twinkle.runtime import local_rank
 
     runtime = get_runtime()
     platform = detect_platform(runtime.platform if runtime.initialized else None)
-    return platform.device(runtime.local_rank)
+    return platform.device(local_rank())  # without initialize: torchrun's LOCAL_RANK
 
 
 def _check_precision(mixed_precision: str, device_type: str) -> PrecisionPlan:

@@ -1,8 +1,8 @@
 """How MegatronModel finishes, clips and applies gradients; the accumulation gating is core's.
 
 On the boundary the gradients are first *finalized* once: synchronised across data-parallel ranks
-and divided by the window's token count (``drivers.py``). Clipping is applied inside the
-optimizer's step; ``clip_grad_norm`` returns the norm before clipping. A step the optimizer refuses
+and divided by the window's token count (``drivers.py``). The driver clips the prepared gradients;
+``clip_grad_norm`` returns the norm before clipping. A step the optimizer refuses
 (``step()`` reports no success: fp16 inf/NaN gradients) is a skipped step, handled by core.
 """
 

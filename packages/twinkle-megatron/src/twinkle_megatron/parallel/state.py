@@ -22,21 +22,29 @@ _current: ParallelSizes | None = None
 
 def ensure_process_group(device_type: str) -> None:
     """torch.distributed on with the platform's backend (``gloo`` on CPU, ``cpu:gloo,cuda:nccl`` on CUDA: object
-    collectives keep a CPU path); a single process gets a private file store."""
+    collectives keep a CPU path); a single process gets a private file store.
+
+    Without ``twinkle.initialize`` (a plain torchrun script) the process is bound to the device of its
+    ``LOCAL_RANK`` first, and on an accelerator the group gets that device as ``device_id``.
+    """
     import torch.distributed as dist
 
     from twinkle.platform import detect_platform
+    from twinkle.runtime import local_rank
 
     if dist.is_initialized():
         return
-    backend = detect_platform(device_type).dist_backend
+    platform = detect_platform(device_type)
+    bound = platform.bind(local_rank())
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 or "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend=backend, rank=int(os.environ.get("RANK", "0")), world_size=world)
+        dist.init_process_group(backend=platform.dist_backend, rank=int(os.environ.get("RANK", "0")),
+                                world_size=world, **bound)
         return
     store = tempfile.NamedTemporaryFile(prefix="twinkle-megatron-", delete=False)
     store.close()
-    dist.init_process_group(backend=backend, init_method=f"file://{store.name}", rank=0, world_size=1)
+    dist.init_process_group(backend=platform.dist_backend, init_method=f"file://{store.name}", rank=0, world_size=1,
+                            **bound)
 
 
 def initialize(sizes: ParallelSizes, device_type: str) -> None:
