@@ -47,7 +47,7 @@ def test_the_local_rank_comes_from_torchrun_until_initialize_runs(rank_one):
 
 
 def test_the_backends_select_the_device_of_their_local_rank(rank_one, two_gpus):
-    from twinkle_hf.model.transformers_model import _device as hf_device
+    from twinkle_hf.model.build import process_device as hf_device
 
     assert hf_device() == torch.device("cuda", 1)
     pytest.importorskip("megatron.core")
