@@ -186,7 +186,7 @@ def _batch(vocab: int = 50) -> dict:
 
 def test_the_batch_check_reads_a_device_batch_back_once():
     """Issue 22, defect 4: boolean-mask indexing of the labels was a second sync (its size depends on the data)."""
-    from twinkle.model.batch_check import check_batch
+    from twinkle.model.inputs import check_batch
 
     batch = _batch()
     mode = DeviceReads(list(batch.values()))

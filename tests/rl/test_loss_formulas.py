@@ -31,7 +31,7 @@ from twinkle.loss import (
     SimPOLoss,
     TokenCrossEntropy,
 )
-from twinkle.model.batch_check import check_batch
+from twinkle.model.inputs import check_batch
 from twinkle.registry import resolve
 
 TOL = dict(rtol=1e-6, atol=1e-6)
