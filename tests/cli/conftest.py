@@ -40,3 +40,23 @@ def write(tmp_path: Path) -> Callable[[str, str], str]:
         return str(path)
 
     return make
+
+
+def help_entries(text: str) -> dict[str, str]:
+    """A ``--help`` text's options by their first spelling (``--[no-]`` as ``--``), wrapped lines joined."""
+    entries: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("  --"):
+            current = line.split()[0].rstrip(",").replace("[no-]", "")
+            entries[current] = line.strip()
+        elif current is not None and line.startswith("      "):
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return entries
+
+
+@pytest.fixture(name="help_entries")
+def _help_entries() -> Callable[[str], dict[str, str]]:
+    return help_entries

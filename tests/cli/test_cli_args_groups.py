@@ -52,13 +52,15 @@ def test_project_defaults(parse):
 
 def test_choice_lists_match_the_modules_that_consume_them():
     from twinkle.cli import args_groups
+    from twinkle.config import schema_of
     from twinkle.precision import MIXED_PRECISION
     from twinkle.runtime import MODES
-    from twinkle.template.labels import TRUNCATION_STRATEGIES
+    from twinkle.template import TRUNCATION_STRATEGIES
 
-    assert args_groups.MODES == MODES
-    assert args_groups.MIXED_PRECISION == MIXED_PRECISION
-    assert args_groups.TRUNCATION_STRATEGIES == TRUNCATION_STRATEGIES
+    specs = schema_of(CLI).specs
+    assert specs[("infra", "mode")].choices == MODES and args_groups.MODES is MODES
+    assert specs[("model", "mixed_precision")].choices == MIXED_PRECISION
+    assert specs[("template", "truncation_strategy")].choices == TRUNCATION_STRATEGIES
 
 
 def test_importing_twinkle_cli_loads_no_heavy_or_optional_module():

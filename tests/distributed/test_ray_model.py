@@ -39,11 +39,16 @@ def _model():
 def test_ray_training_matches_torchrun_and_one_process(ray_runtime, single_process) -> None:
     model = _model()
     model.set_optimizer("AdamW", lr=1e-2)
+    group = model.optimizer_group["default"]  # a live view: every read asks rank 0, never a stale copy
+    assert list(model.optimizer_group) == ["default"] and len(model.optimizer_group) == 1
+    with pytest.raises(KeyError):
+        model.optimizer_group["no-such-group"]
     losses, metrics = [], []
-    for batch in global_batches():  # whole global batches: the proxy slices them by data rank
+    for step, batch in enumerate(global_batches(), 1):  # whole global batches: the proxy slices them by data rank
         losses.append(model.forward_backward(inputs=batch))
         model.clip_grad_and_step()
         metrics.append(model.calculate_metric(is_training=True))
+        assert (group.cur_step, group.micro_step, group.skipped_steps) == (step, 0, 0)
     want = single_process
     assert losses == pytest.approx(want["losses"], abs=5e-6, rel=0)
     assert [m["loss"] for m in metrics] == pytest.approx([m["loss"] for m in want["metrics"]], abs=5e-6, rel=0)

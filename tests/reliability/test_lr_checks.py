@@ -7,10 +7,8 @@ import sys
 import pytest
 import torch
 
-from twinkle.cli import CLI
-from twinkle.cli.args_schema import CLIError
-from twinkle.trainer import Trainer
-from twinkle.trainer._validate import ConfigError
+from twinkle.cli import CLI, CLIError
+from twinkle.trainer import ConfigError, Trainer
 
 BAD = [float("nan"), float("inf"), -1e-3]
 

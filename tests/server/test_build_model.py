@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from twinkle.trainer._validate import ConfigError
+from twinkle.config import ConfigError
 
 
 def _config(**model):

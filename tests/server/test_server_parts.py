@@ -12,7 +12,7 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
 
-from twinkle.trainer._validate import ConfigError
+from twinkle.config import ConfigError
 from twinkle_server.auth import KeyStore, add_key, hash_key, key_from_headers
 from twinkle_server.futures import FutureTable, Result
 from twinkle_server.metrics import Metrics, percentile
@@ -316,3 +316,39 @@ def test_a_session_without_heartbeat_ends_and_unloads_its_models(service):
     assert service.store.session("s2", "alice")["finished"] == 0
     queued = [w for q in service.scheduler._queues.values() for w in q]
     assert [(w.kind, w.model_id) for w in queued] == [("unload_model", "s1:train:0")]
+
+
+# ------------------------------------------------------------------------------- command line
+def test_serve_help_describes_every_option_from_the_shared_schema(capsys):
+    """`twinkle serve --help` is rendered from ServerConfig's schema, like `twinkle train --help` from the Trainer's."""
+    from twinkle.config import schema_of
+    from twinkle_server.cli import main
+    from twinkle_server.config import ServerConfig
+
+    assert main(["--help"]) == 0
+    entries: dict[str, str] = {}
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith("  --"):
+            name = line.split()[0].rstrip(",").replace("[no-]", "")
+            entries[name] = line.strip()
+        elif line.startswith("      ") and entries:
+            entries[name] += " " + line.strip()
+    specs = schema_of(ServerConfig).specs.values()
+    assert set(entries) == {spec.option for spec in specs}  # its own options only: none of the Trainer's
+    for spec in specs:
+        assert spec.help and spec.help in entries[spec.option], spec.dotted
+    assert entries["--server.api-keys-file"].endswith("(required)")
+    assert "--total-step" not in entries and "--lora.r" not in entries
+
+
+def test_serve_names_a_missing_keys_file_before_building_anything(capsys, monkeypatch):
+    import twinkle_server.server as server
+    from twinkle_server.cli import main
+
+    monkeypatch.setattr(server, "serve", lambda config: pytest.fail("the config was accepted"))
+    assert main(["--server.port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twinkle serve: error: server.api_keys_file is required: create a key with `twinkle serve "
+                          "keygen")
+    assert main(["--server.prot", "0"]) == 2
+    assert "--server.prot: unknown field; did you mean 'port'?" in capsys.readouterr().err

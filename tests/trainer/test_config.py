@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from twinkle.cli.train_cmd import parse_overrides
+from twinkle.cli.train_cmd import parse
 from twinkle.trainer import ConfigError, Trainer, TrainerConfig
-from twinkle.trainer.config import apply_overrides
 
 
 @pytest.mark.parametrize("data, message", [
@@ -18,17 +17,19 @@ from twinkle.trainer.config import apply_overrides
     ({"total_stepp": 3}, "total_stepp: unknown field; did you mean 'total_step'?"),
     ({"total_step": 3, "total_epoch": 1}, "set exactly one of them"),
     ({}, "set exactly one of them"),
-    ({"total_step": 3, "checkpoint_interval": -5}, "checkpoint_interval: must be a positive number of steps"),
-    ({"total_step": 3, "hf_max_keep": 0}, "hf_max_keep: must be a positive number"),
+    ({"total_step": 3, "checkpoint_interval": -5}, "checkpoint_interval: invalid value -5; expected int >= 1 or -1 "
+                                                   "or none"),
+    ({"total_step": 3, "hf_max_keep": 0}, "hf_max_keep: invalid value 0; expected int >= 1 or -1 or none"),
     ({"total_step": 3, "exp_tracker": "tensorbord"}, "did you mean 'tensorboard'?"),
-    ({"total_step": 3, "lora": {"r": 0}}, "lora.r: must be > 0"),
-    ({"total_step": "three"}, "total_step: expected int | null, got 'three'"),
+    ({"total_step": 3, "lora": {"r": 0}}, "lora.r: invalid value 0; expected int >= 1"),
+    ({"total_step": "three"}, "total_step: invalid value 'three'; expected int or none"),
     ({"total_step": 3, "global_batch_size": 6, "dataloader": {"gradient_accumulation_steps": 4}},
      "global_batch_size: 6 is not divisible"),
     ({"total_step": 3, "eval_interval": 2}, "eval_interval: evaluation needs dataset.eval_samples > 0"),
-    ({"total_step": 3, "profile_step": [0]}, "profile_step: steps are counted from 1"),
+    ({"total_step": 3, "profile_step": [0]}, "profile_step: invalid value 0; expected int or list of int >= 1"),
     ({"total_step": 3, "model": {"mixed_precision": "bf32"}}, "model.mixed_precision"),
-    ({"total_step": 3, "infra": {"dp_size": 0}}, "infra.dp_size: must be > 0"),
+    ({"total_step": 3, "infra": {"dp_size": 0}}, "infra.dp_size: invalid value 0; expected int >= 1"),
+    ({"total_step": 3, "work_dir": 3}, "work_dir: invalid value 3; expected path, got int"),
 ])
 def test_bad_config_names_the_field(data: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -47,14 +48,19 @@ def test_yaml_and_toml_give_the_same_config_and_overrides_win(tmp_path: Path) ->
 
 
 def test_cli_overrides_parse_flags_and_dotted_keys() -> None:
-    got = parse_overrides(["--optimizer.lr", "1e-3", "--auto-resume", "--no-progress-bar", "--lora.no-enabled",
-                           "--total-step=7"])
-    assert got == {"optimizer.lr": "1e-3", "auto_resume": "true", "progress_bar": "false",
-                   "lora.enabled": "false", "total_step": "7"}
-    config = TrainerConfig.from_dict(apply_overrides({}, got))
+    config = parse(["--optimizer.lr", "1e-3", "--auto-resume", "--no-progress-bar", "--lora.no-enabled",
+                    "--total-step=7"], job={})
     assert (config.total_step, config.auto_resume, config.progress_bar, config.lora.enabled) == (7, True, False, False)
+    assert config.optimizer.lr == 1e-3
     with pytest.raises(ConfigError, match="unexpected argument 'stray'"):
-        parse_overrides(["stray"])
+        parse(["--total-step", "7", "stray"], job={})
+
+
+def test_paths_are_accepted_where_a_field_is_str_or_path(tmp_path: Path) -> None:
+    config = TrainerConfig(total_step=1, work_dir=tmp_path / "wd", log_dir=tmp_path / "logs")
+    assert config == TrainerConfig.from_dict({"total_step": 1, "work_dir": str(tmp_path / "wd"),
+                                              "log_dir": str(tmp_path / "logs")})
+    assert config.work_dir == str(tmp_path / "wd")
 
 
 def test_unwritable_work_dir_fails_before_anything_loads(tmp_path: Path) -> None:

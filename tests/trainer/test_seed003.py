@@ -81,3 +81,24 @@ def test_seed003_resumed_in_a_fresh_process_equals_the_uninterrupted_run(runs: d
     assert last["cur_step"] == 4 and last["consumed_train_samples"] == 16
     assert_bitwise_equal(load_weights(resume_dir / "output" / "last-checkpoint"),
                          load_weights(cwd / "output" / "last-checkpoint"))
+
+
+@pytest.mark.slow
+def test_seed003_in_ray_mode_evaluates_and_writes_its_best_checkpoint(tmp_path: Path) -> None:
+    """``--mode ray``: the model is a proxy, and the script's ``optimizer_group[adapter].cur_step`` must follow the
+    actor's step (a copy taken once stayed 0: no evaluation, no best checkpoint)."""
+    pytest.importorskip("ray", reason="ray is installed by the test environment (twinkle-core[ray])")
+    script = tmp_path / "seed003.py"
+    script.write_text(sorted(SEEDS.glob("003_*.txt"))[0].read_text(encoding="utf-8").split("\n", 1)[1],
+                      encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script), "--mode", "ray", "--train-samples", "8", "--eval-samples", "4",
+                           "--batch-size", "4", "--eval-interval", "1"], cwd=tmp_path,
+                          env=cli_env(RAY_AUTH_MODE="disabled", TWINKLE_TORCH_BASELINE="1"), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stderr.count("Eval metric") == 2  # at steps 1 and 2
+    best = tmp_path / "output" / "checkpoint-1"  # the first evaluation is always the best so far
+    assert (best / "adapter_model.safetensors").is_file(), sorted(p.name for p in (tmp_path / "output").iterdir())
+    assert json.loads((best / "trainer_state.json").read_text())["cur_step"] == 1
+    last = json.loads((tmp_path / "output" / "last-checkpoint" / "trainer_state.json").read_text())
+    assert last["cur_step"] == 2 and last["consumed_train_samples"] == 8

@@ -10,8 +10,7 @@ import pytest
 from trainer_testing import tiny_job
 
 from twinkle.model.optimizer_group import TooManySkippedStepsError
-from twinkle.trainer import Trainer
-from twinkle.trainer._validate import ConfigError
+from twinkle.trainer import ConfigError, Trainer
 
 
 def test_a_diverged_run_stops_naming_the_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -27,5 +26,5 @@ def test_a_diverged_run_stops_naming_the_step(tmp_path: Path, caplog: pytest.Log
 
 
 def test_max_consecutive_skips_is_validated(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="max_consecutive_skips: must be > 0, got 0"):
+    with pytest.raises(ConfigError, match="optimizer.max_consecutive_skips: invalid value 0; expected int >= 1"):
         Trainer(**tiny_job(tmp_path / "wd", optimizer={"max_consecutive_skips": 0}))

@@ -14,7 +14,7 @@ import re
 import secrets
 from pathlib import Path
 
-from twinkle.trainer._validate import ConfigError
+from twinkle.config import ConfigError
 
 KEY_PREFIX = "tml-"
 _OWNER = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")

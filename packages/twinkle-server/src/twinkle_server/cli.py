@@ -1,6 +1,6 @@
 """``twinkle serve [CONFIG] [--group.field value ...]`` and ``twinkle serve keygen OWNER --keys-file FILE``.
 
-Options are written like ``twinkle train``'s (the same parser): ``--model.model-id ms://Qwen/Qwen3-0.6B``,
+Options are written like ``twinkle train``'s (the same config layer): ``--model.model-id ms://Qwen/Qwen3-0.6B``,
 ``--infra.mode ray --infra.dp-size 2``, ``--server.port 8000 --server.api-keys-file keys.txt``; a
 YAML/TOML CONFIG gives the same fields nested by group.
 """
@@ -10,31 +10,27 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-USAGE = """usage: twinkle serve [CONFIG] [--group.field value ...]
-       twinkle serve keygen OWNER --keys-file FILE
-
-Run the Tinker-compatible training service (see docs/server.md). `keygen` creates an API key for
-OWNER, appends its SHA-256 to FILE and prints the key once.
-"""
+USAGE = "usage: twinkle serve [CONFIG] [--GROUP.NAME VALUE ...]\n       twinkle serve keygen OWNER --keys-file FILE"
+INTRO = ["Run the Tinker-compatible training service (see docs/server.md). `keygen` creates an API key for",
+         "OWNER, appends its SHA-256 to FILE and prints the key once.", "",
+         "  CONFIG  a .yaml/.yml/.toml file with the options below, nested by group"]
 
 
 def main(argv: Sequence[str]) -> int:
-    from twinkle.cli.train_cmd import parse_overrides
-    from twinkle.cli.train_help import options_help
-    from twinkle.trainer._validate import ConfigError, build
-    from twinkle.trainer.config import apply_overrides, load_config_file
+    from twinkle.config import ConfigError, build, from_argv, from_mapping, load_file, render_help, schema_of
     from twinkle_server.config import ServerConfig
 
     argv = list(argv)
+    schema = schema_of(ServerConfig)
     if {"-h", "--help"} & set(argv):
-        print(USAGE + "\n" + options_help(config_cls=ServerConfig))
+        print(render_help(schema, USAGE, INTRO), end="")
         return 0
     try:
         if argv[:1] == ["keygen"]:
             return _keygen(argv[1:])
-        head = 1 if argv and not argv[0].startswith("--") else 0
-        data = load_config_file(argv[0]) if head else {}
-        config = build(ServerConfig, apply_overrides(data, parse_overrides(argv[head:], ServerConfig)))
+        options = from_argv(schema, argv, positional_config=True)
+        layers = [from_mapping(schema, load_file(options.config), options.config)] if options.config else []
+        config = build(ServerConfig, [*layers, options])
         from twinkle_server.server import serve
 
         return serve(config)
@@ -44,7 +40,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _keygen(argv: list[str]) -> int:
-    from twinkle.trainer._validate import ConfigError
+    from twinkle.config import ConfigError
     from twinkle_server.auth import add_key
 
     if len(argv) != 3 or argv[1] != "--keys-file":

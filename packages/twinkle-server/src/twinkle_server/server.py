@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from twinkle_server.auth import KeyStore
@@ -30,40 +29,28 @@ logger = logging.getLogger("twinkle_server")
 
 
 def build_model(config: ServerConfig, targets: dict[str, list[str]]) -> Any:
-    """The shared model: ``config.model.type`` from the registry, with one LoRA slot per tenant."""
-    from twinkle.registry import resolve
-    from twinkle.trainer import _infra
+    """The shared model: ``config.model`` built as the Trainer builds it, with one LoRA slot per tenant."""
+    from twinkle import launch
 
-    cls = resolve("model", config.model.type)
-    modules = [m for names in targets.values() for m in names]
     server = config.server
     if config.infra.mode == "local":  # a random-init base (twinkle:// assets) then depends on the seed only
         from twinkle.runtime import seed_everything
 
         seed_everything(server.seed)
-    model = cls(model_id=config.model.model_id, mixed_precision=config.model.mixed_precision,
-                max_loras=server.max_tenants, max_r=server.max_rank, max_length=server.max_length,
-                target_modules=modules, **config.model.kwargs, **_infra.model_kwargs(_trainer_view(config), cls))
-    if config.model.gradient_checkpointing:  # the Trainer's model option, the same patch
-        model.apply_patch("GradientCheckpointing")
-    return model
-
-
-def _trainer_view(config: ServerConfig) -> Any:
-    """What ``twinkle.trainer._infra`` reads of a config (``infra``, ``seed``, ``model``, ``strict_load``): the
-    same runtime set-up and model options as the Trainer's."""
-    return SimpleNamespace(infra=config.infra, seed=config.server.seed, model=config.model, strict_load=False)
+    return launch.build_model(config.model, config.infra, strict_load=False, max_loras=server.max_tenants,
+                              max_r=server.max_rank, max_length=server.max_length,
+                              target_modules=[m for names in targets.values() for m in names])
 
 
 def build_service(config: ServerConfig) -> Service:
     """Everything but the HTTP listener; the service's worker is started."""
+    from twinkle import launch
     from twinkle.hub import resolve_path
-    from twinkle.trainer import _infra
 
     work_dir = Path(config.server.work_dir).expanduser().resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     store = Store(work_dir / "registry.sqlite")
-    _infra.initialize(_trainer_view(config))
+    launch.start(config.infra, config.server.seed)
     model_path = resolve_path(config.model.model_id)
     targets = layer_families(model_path)
     model = build_model(config, targets)
@@ -136,18 +123,16 @@ def serve(config: ServerConfig) -> int:
     finally:
         stop.set()
         service.stop()
-        from twinkle.trainer import _infra
+        from twinkle import launch
 
-        _infra.shutdown(_trainer_view(config))  # ray mode: the model actors (and a Ray it started) stop
+        launch.stop(config.infra)  # ray mode: the model actors (and a Ray it started) stop
     return 0
 
 
 def _keys(config: ServerConfig) -> KeyStore:
-    from twinkle.trainer._validate import ConfigError
+    from twinkle.config import check_required
 
-    if config.server.api_keys_file is None:
-        raise ConfigError("server.api_keys_file is required: create a key with `twinkle serve keygen OWNER "
-                          "--keys-file keys.txt` and start with --server.api-keys-file keys.txt.")
+    check_required(config)  # the keys file (a config built in Python skips the command line's check)
     return KeyStore.from_file(config.server.api_keys_file)
 
 

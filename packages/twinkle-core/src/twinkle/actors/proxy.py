@@ -14,6 +14,8 @@ from twinkle.mesh import DeviceGroup, DeviceMesh
 
 DEFAULT_SPEC = RemoteFunctionSpec()
 SHARE = 0.01
+#: Attributes a proxy reads live from rank 0 (a :class:`LiveView`) instead of copying them once.
+LIVE_ATTRIBUTES = ("optimizer_group",)
 
 
 class RemoteActorError(TwinkleError, RuntimeError):
@@ -100,9 +102,17 @@ class RemoteGroupProxy:
         shards = None if spec.dispatch == "all" else [shard for _, shard, _, _ in plan]
         return dispatch.collect(spec.collect, results, shards)
 
+    def _read(self, path: tuple[tuple[str, Any], ...], keys: bool = False) -> Any:
+        """The value at ``path`` on rank 0's instance now (``keys``: its keys), for :class:`LiveView`."""
+        if self._closed:
+            raise TwinkleError(f"The {self._cls.__name__} actors of group {self._group.name!r} were stopped.")
+        return self._gather([self._actors[0].read.remote(path, keys)], "read")[0]
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in LIVE_ATTRIBUTES:
+            return LiveView(self, ((".", name),))
         attr = getattr(self._cls, name, None)
         if attr is None or not callable(attr):  # plain attributes are read from rank 0
             return self._gather([self._actors[0].get.remote(name)], name)[0]
@@ -135,3 +145,40 @@ class RemoteGroupProxy:
     def __repr__(self) -> str:
         state = "stopped" if self._closed else f"{self._group.world_size} actors"
         return f"<remote {self._cls.__name__} on group {self._group.name!r}: {state}>"
+
+
+class LiveView:
+    """A live view of an attribute of rank 0's instance: every read asks the actor, so it is never stale.
+
+    ``proxy.optimizer_group['default'].cur_step`` is the step the model is at now, as it is for a
+    local model. Indexing gives another view; an attribute read returns its current value (a copy).
+    """
+
+    def __init__(self, proxy: RemoteGroupProxy, path: tuple[tuple[str, Any], ...]) -> None:
+        self._proxy, self._path = proxy, path
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._proxy._read((*self._path, (".", name)))
+
+    def __getitem__(self, key: Any) -> LiveView:
+        if key not in self:
+            raise KeyError(key)
+        return LiveView(self._proxy, (*self._path, ("[]", key)))
+
+    def keys(self) -> list[Any]:
+        return self._proxy._read(self._path, keys=True)
+
+    def __iter__(self) -> Any:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.keys()
+
+    def __repr__(self) -> str:
+        where = "".join(f".{k}" if kind == "." else f"[{k!r}]" for kind, k in self._path)
+        return f"<live view of rank 0's {self._proxy._cls.__name__}{where}>"

@@ -52,6 +52,13 @@ class RankWorker:
     def get(self, name: str) -> Any:
         return getattr(self.instance, name)
 
+    def read(self, path: tuple[tuple[str, Any], ...], keys: bool = False) -> Any:
+        """The value at ``path`` (``('.', attribute)`` / ``('[]', key)`` steps) of the instance, or its keys."""
+        value = self.instance
+        for kind, key in path:
+            value = getattr(value, key) if kind == "." else value[key]
+        return list(value) if keys else value
+
     def close(self) -> None:
         import torch.distributed as dist
 

@@ -4,7 +4,7 @@
 (see docs/cli.md). Importing this package loads only the standard library.
 """
 
-from twinkle.cli.args import CLI, CLIHelpRequested
+from twinkle.cli.args import CLI, CLIError, CLIHelpRequested
 from twinkle.cli.args_groups import (
     DatasetArgs,
     InfraArgs,
@@ -15,7 +15,6 @@ from twinkle.cli.args_groups import (
     TemplateArgs,
     TrainingArgs,
 )
-from twinkle.cli.args_schema import CLIError
 
 __all__ = [
     "CLI",

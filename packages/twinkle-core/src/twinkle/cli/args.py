@@ -7,7 +7,8 @@ files and the environment alike. Subclass it as a dataclass to add groups of you
     class MyCLI(CLI):
         reward: RewardArgs = field(default_factory=RewardArgs)
 
-Only the standard library is imported here; PyYAML loads only when a ``.yaml`` config is given.
+The options are a schema of :mod:`twinkle.config` (the layer ``twinkle train`` and ``twinkle serve``
+use too). Only the standard library is imported here; PyYAML loads only when a ``.yaml`` config is given.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from twinkle.cli.args_groups import (
     TemplateArgs,
     TrainingArgs,
 )
-from twinkle.cli.args_help import render_help
-from twinkle.cli.args_schema import CLIError, schema_of
-from twinkle.cli.args_sources import Layer, from_argv, from_env, from_mapping, load_config
+from twinkle.config import ConfigError, build, from_argv, from_env, from_mapping, load_file, render_help, schema_of
+from twinkle.config.sources import ENV_PREFIX, ENV_SEPARATOR
+
+#: The errors of ``CLI.parse``: :class:`twinkle.config.ConfigError` (``.option``, ``.value``, ``.expected``).
+CLIError = ConfigError
 
 C = TypeVar("C", bound="CLI")
 _PLAIN_MODULE_NAME = re.compile(r"\w+")
@@ -64,7 +67,7 @@ class CLI:
     @classmethod
     def parse(cls: type[C], argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None,
               **defaults: Any) -> C:
-        """Library entry: build the arguments, raising :class:`CLIError` (or :class:`CLIHelpRequested`).
+        """Library entry: build the arguments, raising :class:`ConfigError` (or :class:`CLIHelpRequested`).
 
         ``argv`` defaults to ``sys.argv[1:]``, ``environ`` to ``os.environ``. ``defaults`` are the
         script's own defaults (``batch_size=8`` or ``training={'batch_size': 8}``), below every source.
@@ -76,9 +79,9 @@ class CLI:
             raise CLIHelpRequested(cls.help_text())
         layers = [from_mapping(schema, defaults, "CLI defaults")]
         if cli_layer.config is not None:
-            layers.append(load_config(cli_layer.config, schema))
+            layers.append(from_mapping(schema, load_file(cli_layer.config), cli_layer.config))
         layers += [from_env(schema, os.environ if environ is None else environ), cli_layer]
-        return cls._build(layers)
+        return build(cls, layers)
 
     @classmethod
     def from_args(cls: type[C], argv: Sequence[str] | None = None, **defaults: Any) -> C:
@@ -88,25 +91,21 @@ class CLI:
         except CLIHelpRequested as help_request:
             sys.stdout.write(help_request.text)
             raise SystemExit(0) from None
-        except CLIError as exc:
+        except ConfigError as exc:
             sys.stderr.write(f"{_prog()}: error: {exc}\n(see {_prog()} --help)\n")
             raise SystemExit(2) from None
 
     @classmethod
     def help_text(cls, prog: str | None = None) -> str:
-        """The ``--help`` text: every option with its group, type and default."""
-        return render_help(schema_of(cls), prog or _prog())
-
-    @classmethod
-    def _build(cls: type[C], layers: Sequence[Layer]) -> C:
-        values: dict[str, dict[str, Any]] = {group: {} for group in schema_of(cls).groups}
-        extra: dict[str, Any] = {}
-        for layer in layers:
-            for (group, name), value in layer.fields.items():
-                values[group][name] = value
-            extra.update(layer.extra)
-        groups = {group: group_cls(**values[group]) for group, group_cls in schema_of(cls).groups.items()}
-        return cls(**groups, extra=extra)
+        """The ``--help`` text: every option with its spellings, help, type and default."""
+        prog = prog or _prog()
+        return render_help(schema_of(cls), f"usage: {prog} [--config FILE] [--NAME VALUE | --GROUP.NAME VALUE ...]", [
+            f"Sources, later wins: defaults < --config FILE (YAML or TOML, nested by group) < environment "
+            f"{ENV_PREFIX}<GROUP>{ENV_SEPARATOR}<NAME> < command line. Unrecognised --key value pairs go to "
+            "args.extra.",
+            "  --config FILE  a .yaml/.yml or .toml file: {group: {name: value}}",
+            "  -h, --help     show this help and exit",
+        ])
 
     def get_lora_args(self) -> dict[str, Any]:
         """Keyword arguments for ``peft.LoraConfig`` (peft's names) from the ``lora`` group.

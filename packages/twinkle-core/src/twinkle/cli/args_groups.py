@@ -1,35 +1,23 @@
 """The option groups of :class:`twinkle.cli.CLI`: one dataclass per group, typed, with project defaults.
 
-Each field's ``metadata`` may carry ``help`` (shown by ``--help``), ``aliases`` (extra spellings such
-as ``--lr``), ``choices`` and ``min``/``max``:
-they are checked whenever a value arrives from a config file, the environment or the command line,
-so a bad value fails at parse time, naming the option, instead of deep inside a training job.
-The choice lists mirror ``twinkle.runtime.MODES``, ``twinkle.precision.MIXED_PRECISION`` and
-``twinkle.template.TRUNCATION_STRATEGIES`` (copied, not imported, to keep ``import twinkle.cli`` cheap;
-a test keeps them in step).
+Fields are declared with :func:`twinkle.config.opt` (help shown by ``--help``, choices, ranges, other
+spellings such as ``--lr``); the values are checked whenever they arrive from a config file, the
+environment, the command line or a constructor call, so a bad value fails at parse time, naming the
+option, instead of deep inside a training job.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-MODES = ("local", "ray")
-MIXED_PRECISION = ("no", "fp8", "fp16", "bf16")
-TRUNCATION_STRATEGIES = ("raise", "left", "right", "delete")
-
-
-def opt(default: Any = None, help: str = "", *, factory: Any = None, choices: tuple[str, ...] | None = None,
-        min: float | None = None, max: float | None = None, aliases: tuple[str, ...] = ()) -> Any:
-    """A dataclass field carrying its ``--help`` text, value checks and extra option spellings."""
-    meta = {"help": help, "choices": choices, "min": min, "max": max, "aliases": aliases}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
+from twinkle.config import Config, opt
+from twinkle.constants import TRUNCATION_STRATEGIES
+from twinkle.precision import MIXED_PRECISION
+from twinkle.runtime import MODES
 
 
 @dataclass
-class InfraArgs:
+class InfraArgs(Config):
     """How the job is laid out: launch mode and the device-mesh sizes (``DeviceMesh.from_sizes``)."""
 
     mode: str = opt("local", "launch mode: 'local' (torchrun / one process) or 'ray'", choices=MODES)
@@ -43,7 +31,7 @@ class InfraArgs:
 
 
 @dataclass
-class ModelArgs:
+class ModelArgs(Config):
     """Which model to load and how it runs."""
 
     model_id: str = opt("twinkle://tiny-qwen", "model id or path (hub id, local dir, or twinkle:// embedded model)")
@@ -54,7 +42,7 @@ class ModelArgs:
 
 
 @dataclass
-class LoraArgs:
+class LoraArgs(Config):
     """LoRA adapter settings; ``CLI.get_lora_args()`` turns them into ``peft.LoraConfig`` kwargs."""
 
     adapter_name: str = opt("default", "adapter (and optimizer group) name")
@@ -67,7 +55,7 @@ class LoraArgs:
 
 
 @dataclass
-class DatasetArgs:
+class DatasetArgs(Config):
     """The training data."""
 
     dataset_id: str = opt("twinkle://self-cognition", "dataset id or path (hub id, local file, twinkle:// embedded)")
@@ -77,7 +65,7 @@ class DatasetArgs:
 
 
 @dataclass
-class TemplateArgs:
+class TemplateArgs(Config):
     """How conversations become token ids.
 
     ``truncation_strategy`` defaults to ``delete``: a training run drops the few over-long rows
@@ -90,7 +78,7 @@ class TemplateArgs:
 
 
 @dataclass
-class TrainingArgs:
+class TrainingArgs(Config):
     """Loop sizes, intervals, output and resume."""
 
     batch_size: int = opt(4, "rows per micro-batch", min=1)
@@ -107,7 +95,7 @@ class TrainingArgs:
 
 
 @dataclass
-class OptimizerArgs:
+class OptimizerArgs(Config):
     """The optimizer (a registered name or torch.optim class name)."""
 
     optimizer_cls: str = opt("AdamW", "optimizer class name")
@@ -117,7 +105,7 @@ class OptimizerArgs:
 
 
 @dataclass
-class SchedulerArgs:
+class SchedulerArgs(Config):
     """The learning-rate schedule (counted in optimizer steps)."""
 
     scheduler_cls: str = opt("CosineWarmupScheduler", "registered scheduler name")

@@ -56,20 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in BUILTIN_COMMANDS:
         return run_plugin_command(argv[0], argv[1:])
+    if argv[:1] == ["train"]:  # its options are the Trainer's, parsed by the config layer
+        from twinkle.cli import train_cmd
+
+        return train_cmd.run(argv[1:])
     parser = build_parser()
-    extra: list[str] = []
-    if argv[:1] == ["train"] and not {"-h", "--help"} & set(argv[1:]):
-        # `twinkle train [CONFIG] --group.field value ...`: the overrides are the Trainer's, not argparse's
-        head = 2 if len(argv) > 1 and not argv[1].startswith("-") else 1
-        argv, extra = argv[:head], argv[head:]
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    if getattr(args, "accepts_overrides", False):
-        return int(args.func(args, extra) or 0)
     return int(args.func(args) or 0)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,90 +25,56 @@ DEFAULT_JOB: dict[str, Any] = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from twinkle.cli.train_help import options_help
-
-    parser = sub.add_parser(
-        "train", help="train with the Trainer from a YAML/TOML config (no config: the embedded tiny default)",
-        description=(__doc__ or "").replace("``", ""), epilog=options_help(DEFAULT_JOB),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", nargs="?", help=".yaml/.yml/.toml trainer config (default: the embedded job)")
-    parser.set_defaults(func=run, accepts_overrides=True)
+    """``twinkle train`` in ``twinkle --help``; its arguments are parsed by :func:`run` (the config layer)."""
+    sub.add_parser("train", help="train with the Trainer from a YAML/TOML config (no config: the embedded tiny "
+                                 "default)", add_help=False)
 
 
-def parse_overrides(tokens: list[str], config_cls: type | None = None) -> dict[str, Any]:
-    """``--a.b value``, ``--a.b=value``, ``--flag`` (true) and ``--no-flag`` (false) as dotted keys.
+def help_text() -> str:
+    """``twinkle train --help``: every TrainerConfig option with the default this command uses."""
+    from twinkle.config import from_mapping, render_help, schema_of
+    from twinkle.trainer import TrainerConfig
 
-    A name without a group is a top-level field, or the field of that name in the one group that
-    has it (``--max-length`` is ``dataset.max_length``, ``--lr 1e-4`` is ``optimizer.lr``), among the
-    fields of ``config_cls`` (default: TrainerConfig).
+    schema = schema_of(TrainerConfig)
+    return render_help(schema, "usage: twinkle train [CONFIG] [--GROUP.NAME VALUE | --NAME VALUE ...] [--debug]", [
+        (__doc__ or "").replace("``", "").strip(), "",
+        "  CONFIG   a .yaml/.yml/.toml trainer config (default: the embedded job)",
+        "  --debug  show the traceback of an error",
+        "",
+        "default: what `twinkle train` with no config file uses; config file: what a config file that",
+        "leaves the field out gets.",
+    ], shown=from_mapping(schema, DEFAULT_JOB).fields, note="config file")
+
+
+def parse(tokens: list[str], job: dict[str, Any] = DEFAULT_JOB) -> Any:
+    """The TrainerConfig of ``[CONFIG] [--group.field value ...]``: CONFIG (else ``job``), then the options.
+
+    A total_step or total_epoch given on the command line replaces the other one of the file or job.
     """
-    from twinkle.trainer import ConfigError
+    from twinkle.config import build, from_argv, from_mapping, load_file, schema_of
+    from twinkle.trainer import TrainerConfig
 
-    overrides: dict[str, Any] = {}
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        if not token.startswith("--") or token == "--":
-            raise ConfigError(f"unexpected argument {token!r}; options are written --group.field value.")
-        key, eq, value = token[2:].partition("=")
-        key = key.replace("-", "_")
-        if not eq:
-            if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                value, i = tokens[i + 1], i + 1
-            elif key.startswith("no_") or ".no_" in key:
-                head, _, tail = key.rpartition("no_")
-                key, value = head + tail, "false"
-            else:
-                value = "true"
-        overrides[_full_name(key, value, config_cls)] = value
-        i += 1
-    return overrides
-
-
-def _full_name(key: str, value: str, config_cls: type | None = None) -> str:
-    """The dotted field a command-line name means (see :func:`parse_overrides`)."""
-    from twinkle.cli.train_help import fields
-    from twinkle.trainer import ConfigError
-
-    if "." in key:
-        return key
-    names = [name for name, _ in fields(config_cls)]
-    groups = {name.split(".")[0] for name in names if "." in name}
-    if key in names or (key in groups and value.strip().startswith("{")):
-        return key
-    owners = [name for name in names if name.endswith(f".{key}")]
-    if len(owners) == 1:
-        return owners[0]
-    if len(owners) > 1:
-        raise ConfigError(f"--{key.replace('_', '-')} is ambiguous: write one of "
-                          f"{', '.join('--' + o.replace('_', '-') for o in owners)}.")
-    return key  # unknown: the config check names it with a suggestion
-
-
-def merge(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with ``overrides`` applied; a later total_step or total_epoch replaces the other one."""
-    from twinkle.trainer.config import apply_overrides
-
-    merged = apply_overrides(data, overrides)
+    schema = schema_of(TrainerConfig)
+    options = from_argv(schema, tokens, positional_config=True)
+    base = from_mapping(schema, load_file(options.config), options.config) if options.config else (
+        from_mapping(schema, job))
     for given, other in (("total_step", "total_epoch"), ("total_epoch", "total_step")):
-        if given in overrides and other not in overrides and str(overrides[given]).lower() not in ("none", "null"):
-            merged.pop(other, None)
-    return merged
+        if options.fields.get(("", given)) is not None and ("", other) not in options.fields:
+            options.fields[("", other)] = None
+    return build(TrainerConfig, [base, options])
 
 
-def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
+def run(tokens: list[str]) -> int:
     """Parse, check, train; an error is one ``twinkle train: error:`` block (``--debug``: the traceback)."""
-    from twinkle.trainer import ConfigError, TrainerConfig
-    from twinkle.trainer.config import load_config_file
+    from twinkle.config import ConfigError
 
-    tokens = list(extra or [])
     debug = "--debug" in tokens
     tokens = [t for t in tokens if t != "--debug"]
+    if {"-h", "--help"} & set(tokens):
+        print(help_text(), end="")
+        return 0
     try:
-        overrides = parse_overrides(tokens)
-        data = load_config_file(args.config) if args.config else dict(DEFAULT_JOB)
-        config = TrainerConfig.from_dict(merge(data, overrides))
-        return _train(config)
+        return _train(parse(tokens))
     except KeyboardInterrupt:
         print("twinkle train: interrupted", file=sys.stderr)
         return 130

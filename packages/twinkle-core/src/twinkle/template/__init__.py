@@ -5,10 +5,9 @@ Registered by name (``dataset.set_template('Qwen3_5Template')``) through the plu
 
 from __future__ import annotations
 
-from twinkle.constants import IGNORE_INDEX
+from twinkle.constants import IGNORE_INDEX, TRUNCATION_STRATEGIES
 from twinkle.template.base import Template, load_tokenizer
 from twinkle.template.chatml import ChatMLTemplate
-from twinkle.template.labels import TRUNCATION_STRATEGIES
 from twinkle.template.llama import Llama3Template
 from twinkle.template.qwen import Qwen2_5Template, Qwen3_5Template, Qwen3Template
 from twinkle.template.vl import Qwen2_5VLTemplate, Qwen2VLTemplate, Qwen3_5VLTemplate, Qwen3VLTemplate, VLTemplate

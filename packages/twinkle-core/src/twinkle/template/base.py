@@ -13,10 +13,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from twinkle.constants import TRUNCATION_STRATEGIES
 from twinkle.dataset.errors import DataError
 from twinkle.template.labels import (
     IGNORE_INDEX,
-    TRUNCATION_STRATEGIES,
     labels_from_encoding,
     labels_from_spans,
     truncate,

@@ -8,8 +8,6 @@ from typing import Any
 from twinkle.constants import IGNORE_INDEX
 from twinkle.dataset.errors import DataError
 
-TRUNCATION_STRATEGIES = ("raise", "left", "right", "delete")
-
 
 def labels_from_encoding(encoding: Any, spans: Sequence[tuple[int, int]]) -> list[int]:
     """Like :func:`labels_from_spans` for a ``tokenizers.Encoding``: O(spans) via ``char_to_token``."""

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from twinkle.trainer._validate import ConfigError
+from twinkle.config import ConfigError
+from twinkle.launch import InfraConfig, ModelConfig
 from twinkle.trainer.config import (
     DataloaderConfig,
     DatasetConfig,
-    InfraConfig,
     LoraConfig,
     LossConfig,
     LRConfig,
-    ModelConfig,
     OptimizerConfig,
     TrainerConfig,
 )

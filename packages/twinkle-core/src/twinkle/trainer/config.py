@@ -1,259 +1,147 @@
-"""TrainerConfig and its groups: plain dataclasses that validate eagerly.
+"""TrainerConfig and its groups: a :mod:`twinkle.config` schema, validated eagerly.
 
-A wrong field name, type or value raises :class:`ConfigError` naming the dotted field
-(``optimizer.lr``) when the config is built, before any model or dataset is loaded. Build one in
-Python, or from a YAML/TOML file or dict with :meth:`TrainerConfig.from_dict` / :meth:`from_file`.
+A wrong field name, type or value raises :class:`ConfigError` naming the option (``optimizer.lr``)
+when the config is built, before any model or dataset is loaded. Build one in Python, or from a
+YAML/TOML file or dict with :meth:`TrainerConfig.from_dict` / :meth:`from_file`. The ``model`` and
+``infra`` groups are :mod:`twinkle.launch`'s, shared with ``twinkle serve``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from twinkle.model.optimizer_group import check_lr
-from twinkle.trainer._validate import ConfigError, build
+from twinkle.config import Config, ConfigError, build, from_mapping, load_file, opt, schema_of
+from twinkle.constants import TRUNCATION_STRATEGIES
+from twinkle.launch import TINY_MODEL, InfraConfig, ModelConfig
 
-TINY_MODEL = "twinkle://tiny-qwen"
 TINY_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
-
-
-def _positive(name: str, value: int | float | None, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if value is None or value <= 0:
-        raise ConfigError(f"{name}: must be > 0, got {value!r}.")
-
-
-def _interval(name: str, value: int | None) -> None:
-    """Intervals are None/-1 (off) or a positive step count."""
-    if value is not None and value != -1 and value <= 0:
-        raise ConfigError(f"{name}: must be a positive number of steps, or -1/null to disable; got {value!r}.")
+#: Intervals and keep-counts: a positive number, or -1 / none to turn them off.
+OFF = (-1,)
 
 
 @dataclass
-class ModelConfig:
-    """Which registered TwinkleModel to build, from what weights, with which constructor options."""
-
-    type: str = "TransformersModel"
-    model_id: str = TINY_MODEL
-    mixed_precision: str = "no"
-    strategy: str | None = None  # the backend's wrapping strategy (TransformersModel: accelerate | native_fsdp)
-    gradient_checkpointing: bool = False  # recompute activations in backward (the GradientCheckpointing patch)
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.type.strip():
-            raise ConfigError("type: must name a registered model, e.g. 'TransformersModel'.")
-        if self.mixed_precision not in ("no", "bf16", "fp16", "fp8"):
-            raise ConfigError("mixed_precision: expected 'no' | 'bf16' | 'fp16' | 'fp8', "
-                              f"got {self.mixed_precision!r}.")
-
-
-@dataclass
-class LoraConfig:
+class LoraConfig(Config):
     """LoRA adapter settings; ``enabled=False`` trains the full model instead."""
 
-    enabled: bool = True
-    adapter_name: str = "default"
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: str | list[str] | None = None  # None: all-linear (plus lm_head for the tiny default); a,b,c
-    modules_to_save: list[str] | None = None
-    merge_on_export: bool = False  # HF exports hold the merged full model instead of the adapter
-
-    def __post_init__(self) -> None:
-        _positive("r", self.r, allow_none=False)
-        _positive("alpha", self.alpha, allow_none=False)
-        if isinstance(self.target_modules, str) and "," in self.target_modules:
-            self.target_modules = [m.strip() for m in self.target_modules.split(",") if m.strip()]
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout: must be in [0, 1), got {self.dropout!r}.")
+    enabled: bool = opt(True, "train a LoRA adapter (false: the full model)")
+    adapter_name: str = opt("default", "adapter and optimizer-group name")
+    r: int = opt(16, "LoRA rank", min=1)
+    alpha: int = opt(32, "LoRA alpha (scaling = alpha / r)", min=1)
+    dropout: float = opt(0.0, "dropout on the LoRA input", min=0.0, lt=1.0)
+    target_modules: str | list[str] | None = opt(
+        None, "layers to adapt: names (a,b,c), one regex or all-linear; none = all-linear (plus lm_head on the "
+              "tiny default)")
+    modules_to_save: list[str] | None = opt(None, "modules trained in full and saved with the adapter")
+    merge_on_export: bool = opt(False, "HF exports hold the merged model instead of the adapter")
 
 
 @dataclass
-class OptimizerConfig:
+class OptimizerConfig(Config):
     """Optimizer by registered name (``AdamW``, ``Muon``...) and its constructor options."""
 
-    name: str = "AdamW"
-    lr: float = 5e-3
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    #: inf/NaN steps are skipped; this many in a row stop training with an error naming the step
-    max_consecutive_skips: int = 50
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        try:
-            check_lr(self.lr)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        _positive("lr", self.lr, allow_none=False)
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay: must be >= 0, got {self.weight_decay!r}.")
-        _positive("max_grad_norm", self.max_grad_norm, allow_none=False)
-        _positive("max_consecutive_skips", self.max_consecutive_skips, allow_none=False)
+    name: str = opt("AdamW", "registered optimizer (AdamW, Muon, SGD, ...)")
+    lr: float = opt(5e-3, "peak learning rate", gt=0.0)
+    weight_decay: float = opt(0.0, "weight decay", min=0.0)
+    max_grad_norm: float = opt(1.0, "gradient clipping norm (see do_clip)", gt=0.0)
+    max_consecutive_skips: int = opt(50, "inf/NaN steps are skipped; this many in a row stop training", min=1)
+    kwargs: dict[str, Any] = opt(help="extra optimizer arguments (a table)", factory=dict)
 
 
 @dataclass
-class LRConfig:
+class LRConfig(Config):
     """lr scheduler by registered name; ``num_training_steps`` is filled in from total_step."""
 
-    scheduler: str | None = "CosineWarmupScheduler"
-    warmup_steps: int = 0
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.warmup_steps < 0:
-            raise ConfigError(f"warmup_steps: must be >= 0, got {self.warmup_steps!r}.")
+    scheduler: str | None = opt("CosineWarmupScheduler", "registered lr scheduler; none = constant lr")
+    warmup_steps: int = opt(0, "linear warm-up steps", min=0)
+    kwargs: dict[str, Any] = opt(help="extra scheduler arguments (a table)", factory=dict)
 
 
 @dataclass
-class DatasetConfig:
+class DatasetConfig(Config):
     """Training (and evaluation) data: a dataset id, its template and preprocessor."""
 
-    dataset_id: str = "twinkle://self-cognition"
-    template: str = "Template"
-    max_length: int = 256
-    truncation_strategy: Literal["delete", "left", "right", "raise"] = "delete"
-    preprocessor: str | None = "SelfCognitionProcessor"
-    preprocessor_kwargs: dict[str, Any] = field(default_factory=lambda: {"model_name": "twinkle大模型",
-                                                                          "model_author": "ModelScope社区"})
-    train_samples: int | None = None  # None: every row (minus the eval rows)
-    eval_samples: int = 0  # rows after the training rows held out for evaluation
-    eval_dataset_id: str | None = None
-
-    def __post_init__(self) -> None:
-        _positive("max_length", self.max_length, allow_none=False)
-        _positive("train_samples", self.train_samples)
-        if self.eval_samples < 0:
-            raise ConfigError(f"eval_samples: must be >= 0, got {self.eval_samples!r}.")
+    dataset_id: str = opt("twinkle://self-cognition", "training data: hub id, local file or twinkle:// embedded data")
+    template: str = opt("Template", "registered chat template (Template = the tokenizer's own)")
+    max_length: int = opt(256, "tokens per row at most", min=1)
+    truncation_strategy: str = opt("delete", "rows over max_length", choices=TRUNCATION_STRATEGIES)
+    preprocessor: str | None = opt("SelfCognitionProcessor",
+                                   "registered preprocessor turning rows into messages; none = rows are messages")
+    preprocessor_kwargs: dict[str, Any] = opt(help="preprocessor arguments (a table)", factory=lambda: {
+        "model_name": "twinkle大模型", "model_author": "ModelScope社区"})
+    train_samples: int | None = opt(None, "training rows to use; none = all (minus the eval rows)", min=1)
+    eval_samples: int = opt(0, "rows after the training rows held out for evaluation", min=0)
+    eval_dataset_id: str | None = opt(None, "a separate evaluation dataset")
 
 
 @dataclass
-class DataloaderConfig:
+class DataloaderConfig(Config):
     """How global batches are split: ``global_batch_size / gradient_accumulation_steps`` rows a micro-batch."""
 
-    gradient_accumulation_steps: int = 1
-    shuffle: bool = True
-
-    def __post_init__(self) -> None:
-        _positive("gradient_accumulation_steps", self.gradient_accumulation_steps, allow_none=False)
+    gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step", min=1)
+    shuffle: bool = opt(True, "shuffle the rows (seeded, resumable)")
 
 
 @dataclass
-class LossConfig:
+class LossConfig(Config):
     """Loss by registered name (None: the model's default) and its options; ``task`` selects the forward."""
 
-    name: str | None = None
-    task: str = "causal_lm"
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str | None = opt(None, "registered loss; none = the model's default (cross-entropy)")
+    task: str = opt("causal_lm", "forward flavour: causal_lm | fused_lm_ce | embedding")
+    kwargs: dict[str, Any] = opt(help="loss arguments (a table)", factory=dict)
 
 
 @dataclass
-class InfraConfig:
-    """Where the model runs: ``local`` (this process, or each torchrun process) or ``ray`` actors.
-
-    The parallel sizes build the device mesh (``DeviceMesh.from_sizes``): under torchrun the
-    data-parallel size is what the launched processes leave after fsdp * tp * pp * cp. With ``ray``
-    this process drives ``dp_size`` times that many model actors on ``device_type`` devices in a
-    Ray cluster it starts (``num_cpus``) or joins (``ray_address``).
-    """
-
-    mode: Literal["local", "ray"] = "local"
-    dp_size: int = 1
-    fsdp_size: int = 1
-    tp_size: int = 1
-    pp_size: int = 1
-    cp_size: int = 1
-    sp_size: int | None = None  # xtuner's name for sequence (context) parallelism: the same as cp_size
-    ep_size: int = 1
-    sequence_parallel: bool = False
-    device_type: Literal["cpu", "gpu", "npu"] = "cpu"
-    num_cpus: int | None = None
-    ray_address: str | None = None
-    timeout_s: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("dp_size", "fsdp_size", "tp_size", "pp_size", "cp_size", "ep_size"):
-            _positive(name, getattr(self, name), allow_none=False)
-        if self.sp_size is not None:
-            _positive("sp_size", self.sp_size, allow_none=False)
-            if self.cp_size not in (1, self.sp_size):
-                raise ConfigError(f"sp_size / cp_size: two sizes for one dimension ({self.sp_size} vs {self.cp_size}); "
-                                  "set one of them.")
-            self.cp_size, self.sp_size = self.sp_size, None
-        _positive("num_cpus", self.num_cpus)
-        _positive("timeout_s", self.timeout_s)
-        if self.mode == "local" and (self.dp_size != 1 or self.num_cpus or self.ray_address):
-            raise ConfigError("dp_size / num_cpus / ray_address: only used with infra.mode 'ray' (under torchrun the "
-                              "data-parallel size is the number of launched processes).")
-
-
-@dataclass
-class TrainerConfig:
+class TrainerConfig(Config):
     """Everything :class:`twinkle.trainer.Trainer` needs; see docs/trainer.md for each option."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    lr: LRConfig = field(default_factory=LRConfig)
-    dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    dataloader: DataloaderConfig = field(default_factory=DataloaderConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    infra: InfraConfig = field(default_factory=InfraConfig)
-    load_from: str | None = None
-    global_batch_size: int = 8
-    total_step: int | None = None
-    total_epoch: int | None = None
-    work_dir: str = "work_dir"
-    checkpoint_interval: int | None = -1
-    checkpoint_maxkeep: int | None = -1
-    auto_resume: bool = False
-    hf_interval: int | None = None
-    hf_max_keep: int | None = None
-    exp_tracker: Literal["jsonl", "tensorboard"] = "jsonl"
-    log_interval: int = 1
-    eval_interval: int | None = None
-    profile_step: list[int] | int | None = None
-    profile_time: bool = True
-    profile_memory: bool = False
-    seed: int = 42
-    infra_mode: Literal["local", "ray"] | None = None  # older spelling of infra.mode
-    progress_bar: bool = True
-    tokenizer_path: str | None = None  # the tokenizer to encode with (default: the model's own)
-    log_dir: str | None = None  # metrics and train.log (default: work_dir/logs, tensorboard: work_dir/tensorboard)
-    strict_load: bool = True  # weights that do not fit the model (missing/unexpected tensors) are an error
-    do_clip: bool = True  # clip gradients to optimizer.max_grad_norm (False: the norm is still reported)
-    async_checkpoint: bool = False  # checkpoints written in the background while training goes on
-    snapshot_interval: int | None = None  # a latest-only resumable snapshot every N steps
+    model: ModelConfig = opt(factory=ModelConfig)
+    lora: LoraConfig = opt(factory=LoraConfig)
+    optimizer: OptimizerConfig = opt(factory=OptimizerConfig)
+    lr: LRConfig = opt(factory=LRConfig)
+    dataset: DatasetConfig = opt(factory=DatasetConfig)
+    dataloader: DataloaderConfig = opt(factory=DataloaderConfig)
+    loss: LossConfig = opt(factory=LossConfig)
+    infra: InfraConfig = opt(factory=InfraConfig)
+    load_from: str | Path | None = opt(
+        None, "start from these weights: an HF model directory or a twinkle train checkpoint")
+    global_batch_size: int = opt(8, "rows per optimizer step over all data-parallel ranks", min=1)
+    total_step: int | None = opt(None, "optimizer steps to train (replaces total_epoch)", min=1)
+    total_epoch: int | None = opt(None, "passes over the data (replaces total_step)", min=1)
+    work_dir: str | Path = opt("work_dir", "where checkpoints, logs and exports go")
+    checkpoint_interval: int | None = opt(-1, "resumable checkpoint every N steps (-1: only at the end)", min=1,
+                                          also=OFF)
+    checkpoint_maxkeep: int | None = opt(-1, "checkpoints kept (-1: all)", min=1, also=OFF)
+    auto_resume: bool = opt(False, "continue from the newest complete checkpoint (or snapshot) in work_dir")
+    hf_interval: int | None = opt(None, "HF-format export every N steps", min=1, also=OFF)
+    hf_max_keep: int | None = opt(None, "HF exports kept", min=1, also=OFF)
+    exp_tracker: Literal["jsonl", "tensorboard"] = opt("jsonl", "where metrics go")
+    log_interval: int = opt(1, "write metrics every N steps", min=1)
+    eval_interval: int | None = opt(None, "evaluate (and keep the best checkpoint) every N steps", min=1, also=OFF)
+    profile_step: list[int] | int | None = opt(None, "steps to record a torch.profiler trace of", min=1)
+    profile_time: bool = opt(True, "record each step's time")
+    profile_memory: bool = opt(False, "record memory in the traces")
+    seed: int = opt(42, "random seed", min=0)
+    progress_bar: bool = opt(True, "show the training progress bar")
+    tokenizer_path: str | Path | None = opt(
+        None, "tokenizer to encode with and save in checkpoints; none = the model's")
+    log_dir: str | Path | None = opt(None, "metrics and train.log; none = work_dir/logs")
+    strict_load: bool = opt(True, "weights that do not fit the model are an error (false: a warning)")
+    do_clip: bool = opt(True, "clip gradients to optimizer.max_grad_norm (false: only report the norm)")
+    async_checkpoint: bool = opt(False, "write checkpoints in the background while training goes on")
+    snapshot_interval: int | None = opt(
+        None, "latest-only resumable snapshot every N steps, between full checkpoints", min=1, also=OFF)
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         if (self.total_step is None) == (self.total_epoch is None):
             raise ConfigError("total_step / total_epoch: set exactly one of them "
                               f"(got total_step={self.total_step!r}, total_epoch={self.total_epoch!r}).")
-        _positive("total_step", self.total_step)
-        _positive("total_epoch", self.total_epoch)
-        _positive("global_batch_size", self.global_batch_size, allow_none=False)
         gas = self.dataloader.gradient_accumulation_steps
         if self.global_batch_size % gas:
             raise ConfigError(f"global_batch_size: {self.global_batch_size} is not divisible by "
                               f"dataloader.gradient_accumulation_steps={gas}.")
-        if self.seed < 0:
-            raise ConfigError(f"seed: must be an integer >= 0, got {self.seed!r}.")
-        for name in ("checkpoint_interval", "hf_interval", "eval_interval", "snapshot_interval"):
-            _interval(name, getattr(self, name))
-        for name in ("checkpoint_maxkeep", "hf_max_keep"):
-            _interval(name, getattr(self, name))
-        _positive("log_interval", self.log_interval, allow_none=False)
-        steps = [self.profile_step] if isinstance(self.profile_step, int) else (self.profile_step or [])
-        if any(s <= 0 for s in steps):
-            raise ConfigError(f"profile_step: steps are counted from 1, got {self.profile_step!r}.")
-        if self.infra_mode is not None:  # the older top-level spelling sets infra.mode
-            self.infra = InfraConfig(**{**asdict(self.infra), "mode": self.infra_mode})
-            self.infra_mode = None
         if self.infra.mode == "ray" and self.async_checkpoint:
             raise ConfigError("async_checkpoint: not available with infra.mode 'ray' (the model saves in its actors); "
                               "run under torchrun, or set async_checkpoint=false.")
@@ -268,16 +156,16 @@ class TrainerConfig:
     # ------------------------------------------------------------ construction
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainerConfig:
-        """Build from nested plain data (a parsed YAML/TOML file); errors name the dotted field."""
+        """Build from nested plain data (a parsed YAML/TOML file, keyword options); errors name the field."""
         if not isinstance(data, dict):
             raise ConfigError(f"A trainer config must be a table of fields, got {type(data).__name__}.")
-        return build(cls, data)
+        return build(cls, [from_mapping(schema_of(cls), data)])
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> TrainerConfig:
-        """Read a ``.yaml``/``.yml``/``.toml`` file, apply dotted ``overrides``, then validate."""
-        data = load_config_file(path)
-        return cls.from_dict(apply_overrides(data, overrides or {}))
+        """Read a ``.yaml``/``.yml``/``.toml`` file, apply ``overrides`` (``{'optimizer.lr': '1e-4'}``), validate."""
+        schema = schema_of(cls)
+        return build(cls, [from_mapping(schema, load_file(path), str(path)), from_mapping(schema, overrides or {})])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -295,49 +183,3 @@ class TrainerConfig:
         if self.lora.target_modules is None:
             return list(TINY_LORA_TARGETS) if self.model.model_id == TINY_MODEL else "all-linear"
         return self.lora.target_modules
-
-
-def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse a YAML or TOML file into nested dicts (PyYAML / tomllib imported only here)."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist.")
-    text = path.read_text(encoding="utf-8")
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".toml":
-            try:
-                import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib
-            data = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(f"config file {str(path)!r}: expected .yaml, .yml or .toml.")
-    except ConfigError:
-        raise
-    except Exception as exc:  # a parser error: say where
-        raise ConfigError(f"config file {str(path)!r} could not be parsed: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a table of fields, got {type(data).__name__}.")
-    return data
-
-
-def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``data`` with ``{'optimizer.lr': '1e-3'}``-style dotted keys set (strings are coerced later)."""
-    import copy
-
-    result = copy.deepcopy(data)
-    for dotted, value in overrides.items():
-        parts = dotted.replace("-", "_").split(".")
-        node = result
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"{dotted}: {part!r} is not a group of fields.")
-            node = child
-        node[parts[-1]] = value
-    return result

@@ -8,7 +8,7 @@ from typing import Any
 
 from twinkle import collective
 from twinkle.checkpoint import save_tokenizer, shared_atomic_directory
-from twinkle.trainer._validate import ConfigError
+from twinkle.config import ConfigError
 from twinkle.trainer.store import checkpoint_name, discard, list_checkpoints
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from twinkle.trainer._validate import ConfigError
+from twinkle.config import ConfigError
 from twinkle.trainer.config import TrainerConfig
 
 
@@ -131,19 +131,13 @@ def model_source(cfg: TrainerConfig) -> tuple[str, Path | None]:
 
 
 def build_model(cfg: TrainerConfig, model_id: str, total_step: int) -> Any:
-    """Resolve the model class by name, then adapter, optimizer, scheduler and loss, as configured."""
-    from twinkle.registry import resolve
+    """The configured model (:func:`twinkle.launch.build_model`), then template, adapter, optimizer, scheduler, loss."""
+    from twinkle.launch import build_model as build
 
-    model_cls = resolve("model", cfg.model.type)
-    from twinkle.trainer._infra import model_kwargs
-
-    model = model_cls(model_id=model_id, mixed_precision=cfg.model.mixed_precision,
-                      **{**cfg.model.kwargs, **model_kwargs(cfg, model_cls)})
+    model = build(cfg.model, cfg.infra, model_id=model_id, strict_load=cfg.strict_load)
     # the data's template on the model too: its tokenizer and chat template go into every checkpoint
     model.set_template(cfg.dataset.template, model_id=cfg.tokenizer_path or model_id,
                        max_length=cfg.dataset.max_length, truncation_strategy=cfg.dataset.truncation_strategy)
-    if cfg.model.gradient_checkpointing:
-        model.apply_patch("GradientCheckpointing")
     adapter = cfg.lora.adapter_name if cfg.lora.enabled else None
     gas = cfg.dataloader.gradient_accumulation_steps
     if cfg.lora.enabled:

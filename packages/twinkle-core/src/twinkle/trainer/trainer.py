@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from twinkle import collective
+from twinkle import collective, launch
+from twinkle.config import ConfigError
 from twinkle.log import get_logger
-from twinkle.trainer import _infra, setup, store
-from twinkle.trainer._validate import ConfigError
+from twinkle.trainer import setup, store
 from twinkle.trainer.config import TrainerConfig
 from twinkle.trainer.export import export_hf
 from twinkle.trainer.lock import WorkDirLock, lock_work_dir
@@ -60,7 +60,7 @@ class Trainer:
                 raise ConfigError("exp_tracker: 'tensorboard' needs the tensorboard package (pip install "
                                   "tensorboard), or use exp_tracker='jsonl'.")
         setup.check_names(self.config)  # every name resolves, before anything is loaded or created
-        _infra.device_mesh(self.config)  # the parallel sizes fit the launched processes
+        launch.device_mesh(self.config.infra)  # the parallel sizes fit the launched processes
         self._made_dir = setup.first_missing(Path(self.config.work_dir))  # removed again if the start fails
         self.work_dir = setup.check_work_dir(self.config.work_dir)
         self.ckpt_root = self.work_dir / "checkpoints"
@@ -94,7 +94,7 @@ class Trainer:
             raise
         finally:
             self._release_lock()
-            _infra.shutdown(self.config)
+            launch.stop(self.config.infra)
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -111,7 +111,7 @@ class Trainer:
         from twinkle.dataloader import DataLoader
 
         cfg, started = self.config, time.perf_counter()
-        runtime = _infra.initialize(cfg)
+        runtime = launch.start(cfg.infra, cfg.seed)
         self.is_main = runtime.rank == 0
         self._lock = lock_work_dir(self.work_dir, self.is_main)  # before anything in work_dir is touched
         if self.is_main:
@@ -134,10 +134,10 @@ class Trainer:
             raise ConfigError(f"async_checkpoint: {cfg.model.type}.save cannot write in the background; "
                               "set async_checkpoint=false.")
         self.adapter = cfg.lora.adapter_name if cfg.lora.enabled else None
-        self.progress = group = _infra.progress(cfg, model, self.adapter)
+        # the step, micro-step and skips are the model's own (in ray mode a live view of rank 0's group)
+        group = model.optimizer_group[self.adapter or next(iter(model.optimizer_group))]
         if init_ckpt is not None:
-            group.restore(model.resume_from_checkpoint(str(init_ckpt), resume_only_model=True,
-                                                       adapter_name=self.adapter))
+            model.resume_from_checkpoint(str(init_ckpt), resume_only_model=True, adapter_name=self.adapter)
             logger.info("loaded weights from trainer checkpoint %s", init_ckpt)
         state, resumed_from = self._auto_resume(loader) if cfg.auto_resume else ({}, None)
         self.best = state.get("best_eval_loss")
@@ -159,7 +159,6 @@ class Trainer:
                         model.clip_grad_and_step(max_grad_norm=max_norm, adapter_name=self.adapter,
                                                  gradient_accumulation_steps=gas,
                                                  max_consecutive_skips=cfg.optimizer.max_consecutive_skips)
-                        group.micro_batch_done()
                         batches += 1
                         if not group.micro_step:
                             break
@@ -170,7 +169,6 @@ class Trainer:
                 if self._pending is not None and not collective.active() and self._pending.done():
                     self._finish_pending()  # one process: complete it as soon as its files are written
                 metric = model.calculate_metric(is_training=True, adapter_name=self.adapter)
-                group.check(metric)
                 step = group.cur_step
                 if step == step_before:  # inf/NaN loss or gradients: the model skipped this step (and warned)
                     continue
@@ -277,7 +275,6 @@ class Trainer:
                 logger.warning("auto_resume: checkpoint %s is damaged (%s: %s); falling back to the previous one.",
                                path.name, type(exc).__name__, exc)
                 continue
-            self.progress.restore(progress)
             loader.resume_from_checkpoint(progress["consumed_train_samples"])
             logger.info("auto_resume: resumed from %s (step %d, %d samples consumed)", path, step,
                         progress["consumed_train_samples"])

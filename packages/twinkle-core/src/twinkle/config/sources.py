@@ -1,0 +1,229 @@
+"""Where values come from: a YAML/TOML file or a mapping, the environment, the command line.
+
+Each reader returns a :class:`Layer` of checked values; :func:`twinkle.config.build` applies layers
+in order, later ones winning (``CLI.parse``: defaults < ``--config`` file < ``TWINKLE_*`` < argv).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from twinkle.config.schema import ConfigError, Schema, Spec, dash, norm, resolve, unknown
+from twinkle.config.values import FALSE_WORDS, TRUE_WORDS, coerce, parse_extra
+
+ENV_PREFIX = "TWINKLE_"
+ENV_SEPARATOR = "__"
+
+
+@dataclass
+class Layer:
+    """The values one source sets, ``fields[(group, name)]`` (group ``''``: top level), and ``extra`` keys."""
+
+    fields: dict[tuple[str, str], Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    config: str | None = None  # argv only: the config file named on the command line
+    help: bool = False  # argv only: -h/--help was given
+    written: dict[tuple[str, str], str] = field(default_factory=dict)  # how each field was spelled
+
+
+def _set(layer: Layer, schema: Schema, name: str, value: Any, option: str) -> bool:
+    """Set the field ``name`` means (any spelling) from a file or mapping value; False if it is no field."""
+    hit = resolve(schema, name, option)
+    if hit is None:
+        return False
+    spec, negated = hit
+    parsed = coerce(spec, value, option)
+    parsed = (not parsed) if negated else parsed
+    key = (spec.group, spec.name)
+    if key in layer.fields and layer.fields[key] != parsed:
+        raise ConfigError(f"{option}: also set as {layer.written[key]} ({layer.fields[key]!r} there, {parsed!r} "
+                          f"here); set {spec.dotted} once.", option=option, value=value)
+    layer.fields[key], layer.written[key] = parsed, option
+    return True
+
+
+def from_mapping(schema: Schema, data: Mapping[str, Any], source: str | None = None) -> Layer:
+    """Nested ``{group: {field: value}}`` plus top-level fields; a key may also be any option spelling.
+
+    A group's value may be a table or an instance of its dataclass. Unknown keys go to ``extra``
+    when the schema has one (with a warning when they look misspelt), else they are errors.
+    """
+    layer = Layer()
+    prefix = f"{source}: " if source else ""
+    for raw_key, value in data.items():
+        key = norm(str(raw_key))
+        group = schema.group_names.get(key)
+        if key == "extra" and schema.extra:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{prefix}extra: must be a table of key: value, got {type(value).__name__}.",
+                                  option=f"{prefix}extra", value=value)
+            layer.extra.update({norm(str(k)): v for k, v in value.items()})
+        elif group is not None:
+            if is_dataclass(value) and not isinstance(value, type):
+                value = {f.name: getattr(value, f.name) for f in fields(value)}
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{prefix}{raw_key}: '{raw_key}' is an option group and needs a table of fields, "
+                                  f"got {value!r}.", option=f"{prefix}{raw_key}", value=value)
+            for raw_name, item in value.items():
+                _set(layer, schema, f"{group}.{raw_name}", item, f"{prefix}{raw_key}.{raw_name}")
+        elif not _set(layer, schema, key, value, f"{prefix}{raw_key}"):
+            if not schema.extra:
+                raise unknown(schema, key, f"{prefix}{raw_key}")
+            layer.extra[key] = value  # no field of that name: kept for the script, like an unknown --option
+            warn_if_misspelled(schema, key, f"{prefix}{raw_key!r}")
+    return layer
+
+
+def warn_if_misspelled(schema: Schema, key: str, where: str) -> None:
+    """An unknown key close to a group or option name is most likely a typo: say so (it still goes to extra)."""
+    import difflib
+    import warnings
+
+    known = [*schema.group_names, *(n for n in [*schema.names, *schema.bare] if "." not in n)]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+    if close:
+        warnings.warn(f"{where} is not a twinkle option and was kept in extra; did you mean {close[0]!r}? (Put a "
+                      "script's own keys under 'extra:' to silence this.)", UserWarning, stacklevel=4)
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """A ``.yaml``/``.yml`` (PyYAML, imported only here) or ``.toml`` file as a mapping (empty file: ``{}``)."""
+    path = Path(path).expanduser()
+    suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml"):
+        raise _file_error(path, "expected a .yaml, .yml or .toml file.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _file_error(path, f"cannot read it ({exc.strerror or exc}).") from None
+    loads, parse_error, kind = _parser(suffix, path)
+    try:
+        data = loads(text)
+    except parse_error as exc:
+        raise _file_error(path, f"not valid {kind}: {exc}.") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise _file_error(path, f"the top level must be a mapping of groups, got {type(data).__name__}.")
+    return dict(data)
+
+
+def _file_error(path: Path, message: str) -> ConfigError:
+    return ConfigError(f"config file {path}: {message}", option=str(path), value=str(path))
+
+
+def _parser(suffix: str, path: Path) -> tuple[Callable[[str], Any], type[Exception], str]:
+    """(loads, its error type, the format's name) for a config file; a missing library names its package."""
+    if suffix == ".toml":
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - exercised on Python 3.10 only
+            try:
+                import tomli as tomllib
+            except ImportError:
+                raise _file_error(path, "reading TOML on Python 3.10 needs tomli: pip install tomli.") from None
+        return tomllib.loads, tomllib.TOMLDecodeError, "TOML"
+    try:
+        import yaml
+    except ImportError:
+        raise _file_error(path, "reading YAML needs PyYAML: pip install pyyaml (or use a .toml file).") from None
+    return yaml.safe_load, yaml.YAMLError, "YAML"
+
+
+def from_env(schema: Schema, environ: Mapping[str, str]) -> Layer:
+    """``TWINKLE_<GROUP>__<FIELD>=value`` (and ``TWINKLE_EXTRA__<KEY>``); other ``TWINKLE_*`` names are ignored."""
+    layer = Layer()
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or ENV_SEPARATOR not in name:
+            continue
+        group, _, field_name = name[len(ENV_PREFIX):].lower().partition(ENV_SEPARATOR)
+        if group == "extra" and schema.extra:
+            layer.extra[field_name] = parse_extra(environ[name])
+        elif group in schema.group_names:
+            _set(layer, schema, f"{group}.{field_name}", environ[name], name)
+    return layer
+
+
+def _is_option(token: str) -> bool:
+    return token.startswith("--") and len(token) > 2
+
+
+def from_argv(schema: Schema, argv: Sequence[str], *, positional_config: bool = False) -> Layer:
+    """``--name value``, ``--name=value``, ``--group.name``, ``--flag``/``--no-flag``, ``--config FILE``.
+
+    ``positional_config``: a first argument that is no option names the config file (``twinkle train
+    job.yaml``). A list option given twice collects both. Unknown names go to ``extra`` when the
+    schema has one, else they are errors.
+    """
+    layer = Layer()
+    i = 0
+    if positional_config and argv and not argv[0].startswith("-"):
+        layer.config, i = argv[0], 1
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if token in ("-h", "--help"):
+            layer.help = True
+            continue
+        if not _is_option(token):
+            raise ConfigError(f"unexpected argument {token!r}: options are written --name value or --name=value "
+                              "(booleans: --flag, --no-flag or --flag=false).", option=token, value=token)
+        name, eq, inline = token[2:].partition("=")
+        value: str | None = inline if eq else None
+        option = f"--{name}"
+        if norm(name) == "config":
+            if value is None:
+                if i >= len(argv) or _is_option(argv[i]):
+                    raise ConfigError("--config needs a file path.", option="--config")
+                value, i = argv[i], i + 1
+            layer.config = value
+            continue
+        hit = resolve(schema, name, option)
+        if hit is None:
+            if not schema.extra:
+                raise unknown(schema, name, option)
+            i = _extra(layer, schema, norm(name), value, argv, i)
+            continue
+        spec, negated = hit
+        if spec.kind == "bool":
+            if value is None and i < len(argv) and argv[i].strip().lower() in TRUE_WORDS + FALSE_WORDS:
+                value, i = argv[i], i + 1
+            if negated and value is not None:
+                raise ConfigError(f"{option} takes no value (write --{dash(spec.name)}={value}).",
+                                  option=option, value=value)
+            layer.fields[(spec.group, spec.name)] = not negated if value is None else coerce(spec, value, option)
+            continue
+        if value is None:
+            if i >= len(argv) or _is_option(argv[i]):
+                raise ConfigError(f"{option} needs a value ({spec.label([])}).", option=option, expected=spec.label([]))
+            value, i = argv[i], i + 1
+        _put(layer, spec, coerce(spec, value, option))
+    return layer
+
+
+def _put(layer: Layer, spec: Spec, parsed: Any) -> None:
+    """Set a value from the command line: later wins, except that a repeated list option collects."""
+    key = (spec.group, spec.name)
+    previous = layer.fields.get(key)
+    if spec.kind == "list" and previous is not None and parsed is not None:
+        parsed = (previous if isinstance(previous, list) else [previous]) + (
+            parsed if isinstance(parsed, list) else [parsed])
+    layer.fields[key] = parsed
+
+
+def _extra(layer: Layer, schema: Schema, key: str, value: str | None, argv: Sequence[str], i: int) -> int:
+    """An option no group defines, for the script's ``extra``; returns the next argument's index."""
+    warn_if_misspelled(schema, key, f"--{dash(key)}")
+    if value is None and i < len(argv) and not _is_option(argv[i]):
+        value, i = argv[i], i + 1
+    if value is not None:
+        layer.extra[key] = parse_extra(value)
+    elif key.startswith("no_"):
+        layer.extra[key[3:]] = False
+    else:
+        layer.extra[key] = True
+    return i
