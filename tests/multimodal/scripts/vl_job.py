@@ -83,7 +83,7 @@ def fsdp_run() -> dict:
     group = vl.optimizer_group["sft"]
     names = {id(p): n for n, p in vl.model.named_parameters()}
     params = {names[id(p)]: full_tensor(p.detach()).clone() for p in vl.backend.parameters(group)}
-    return {"losses": losses, "params": params, "layers": vl._layer_classes}
+    return {"losses": losses, "params": params, "layers": vl.backend.layer_classes}
 
 
 def main() -> None:
