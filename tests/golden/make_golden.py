@@ -178,7 +178,7 @@ def hf_model(seed: int = 0, **kwargs: Any) -> Any:
 
 
 def run_hf_lora(work: Path) -> dict[str, Any]:
-    """LoRA (all linear layers) on the embedded tiny Qwen, AdamW + warm-up cosine, clip 1.0, 4 steps."""
+    """LoRA (all linear layers) on the embedded tiny Qwen, AdamW + warm-up cosine, clip 0.5 (active), 4 steps."""
     model = hf_model()
     import torch
 
@@ -187,7 +187,7 @@ def run_hf_lora(work: Path) -> dict[str, Any]:
     model.set_optimizer("AdamW", lr=1e-2, adapter_name="sft")
     model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=1, num_training_steps=4, adapter_name="sft")
     model.set_loss("CrossEntropyLoss", adapter_name="sft")
-    result = train_steps(model, [token_batch(100 + i) for i in range(4)], adapter="sft")
+    result = train_steps(model, [token_batch(100 + i) for i in range(4)], adapter="sft", max_grad_norm=0.5)
     return {**result, "weights": weights(model.get_state_dict(adapter_name="sft"))}
 
 
@@ -401,7 +401,10 @@ def dist_hf(strategy: str, fsdp: int, adapter: str | None) -> dict[str, Any]:
     model.set_optimizer("AdamW", lr=1e-2 if adapter else 2e-3, adapter_name=adapter)
     batches = [rows_of(token_batch(800 + i), rank, world) for i in range(3)]
     result = train_steps(model, batches, adapter=adapter)
-    return {**result, "weights": weights(model.get_state_dict(adapter_name=adapter))}
+    from torch.distributed.tensor import DTensor
+
+    sharded = any(isinstance(p, DTensor) for p in model.model.parameters())  # FSDP2 really sharded, DDP did not
+    return {**result, "sharded": sharded, "weights": weights(model.get_state_dict(adapter_name=adapter))}
 
 
 def run_ddp_lora(work: Path) -> dict[str, Any]:
@@ -557,6 +560,10 @@ def pin_numerics() -> None:
     threads as OMP_NUM_THREADS says (one)."""
     import torch
 
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability and torch.backends.cpu.get_cpu_capability() != capability.upper():
+        raise RuntimeError(f"ATEN_CPU_CAPABILITY={capability} did not take effect: ATen runs its "
+                           f"{torch.backends.cpu.get_cpu_capability()} kernels")
     threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
     torch.set_num_threads(threads)
     torch.backends.mkldnn.enabled = os.environ.get("GOLDEN_MKLDNN") == "1"  # convolutions: im2col + MKL GEMM
