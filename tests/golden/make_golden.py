@@ -17,10 +17,11 @@ Floats are stored exactly (``float.hex``).
     python tests/golden/make_golden.py --check --only hf_lora ddp_lora
     python tests/golden/make_golden.py --write            # re-record (only for a change meant to move numbers)
 
-Processes: one child runs every single-process run, one ``torchrun --nproc_per_node=2`` launch
-runs every 2-rank run, ``twinkle train`` and ``twinkle serve`` are their own processes; they run
-concurrently. Every child gets :data:`PINNED_ENV` (one thread, baseline CPU kernels, see
-``test_golden.py``) whatever the calling environment holds.
+Processes, all started at once: one child runs every single-process run and then the ``tinker``
+client (it starts ``twinkle serve`` first, so the server comes up meanwhile), one
+``torchrun --nproc_per_node=2`` launch runs every 2-rank run, and ``twinkle train`` runs as itself.
+Every child gets :data:`PINNED_ENV` (one thread, baseline CPU kernels; ``test_golden.py`` says why
+each pin is there) whatever the calling environment holds.
 """
 
 from __future__ import annotations
@@ -179,9 +180,9 @@ def hf_model(seed: int = 0, **kwargs: Any) -> Any:
 
 def run_hf_lora(work: Path) -> dict[str, Any]:
     """LoRA (all linear layers) on the embedded tiny Qwen, AdamW + warm-up cosine, clip 0.5 (active), 4 steps."""
-    model = hf_model()
     import torch
 
+    model = hf_model()
     torch.manual_seed(1)
     model.add_adapter_to_model("sft", lora())
     model.set_optimizer("AdamW", lr=1e-2, adapter_name="sft")
@@ -526,8 +527,9 @@ def run_serve_sft(work: Path, server: Job) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- the run table
 #: name -> (process group, function). Groups: 'local' (one child process, in this order), 'dist' (one
-#: torchrun launch with 2 ranks, in this order), 'cli' and 'serve' (their own commands).
-RUNS: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
+#: torchrun launch with 2 ranks, in this order), 'cli' (`twinkle train` itself), 'serve' (the tinker client,
+#: run by the local child after its runs, against the `twinkle serve` that child started).
+RUNS: dict[str, tuple[str, Callable[[Path], dict[str, Any]] | None]] = {
     "hf_lora": ("local", run_hf_lora),
     "hf_full": ("local", run_hf_full),
     "hf_accumulation_4x2": ("local", run_hf_accumulation),
