@@ -31,6 +31,11 @@ at the first differing step), ``OMP_NUM_THREADS=2 MKL_NUM_THREADS=2`` changes 14
 are too small to split), ``GOLDEN_MKLDNN=1`` (oneDNN on) changes ``vl_lora``. ``PYTHONHASHSEED=123``
 changes none; the FMA libm variants (``GLIBC_TUNABLES=``) change none of today's runs, but they do
 change torch's float64 ``exp``/``cos``/``log`` under the default kernels, so they are pinned too.
+An older CPU as MKL and glibc see it (``MKL_ENABLE_INSTRUCTIONS=SSE4_2`` and glibc hwcaps without
+AVX / AVX-512) gives the recorded bits; the same MKL limit without ``MKL_CBWR`` changes all 15.
+Not pinned: numpy's SIMD dispatch (``NPY_DISABLE_CPU_FEATURES="X86_V3 X86_V4 AVX512_ICL AVX512_SPR"``
+changes none of the runs, no recorded number goes through numpy arithmetic, and the feature names
+differ between numpy versions, so a pin could break numpy's import elsewhere).
 
 Tolerance: none; every run is bitwise stable under these pins (checked repeatedly, under a load
 average up to ~15 on 2 cores and with the runs in parallel). After the rewrite, a run whose reduction
