@@ -775,8 +775,9 @@ _HEX = re.compile(r"^-?0x[0-9a-f]\.?[0-9a-f]*p[+-]\d+$|^-?(inf|nan)$")
 def diff(expected: Any, got: Any, path: str = "", rel: float | None = None) -> list[str]:
     """Human-readable differences between a recording and a run (floats shown with their relative difference).
 
-    ``rel``: floats within this relative difference count as equal, and weight digests are not compared
-    (for a run whose reduction order changed on purpose; see test_golden.TOLERANCES).
+    ``rel``: floats within this relative difference count as equal (``|got - recorded| <= rel * max(|recorded|,
+    1)``: near-zero values such as GRPO's on-policy first loss get the same absolute room), and weight digests
+    are not compared (for a run whose reduction order changed on purpose; see test_golden.TOLERANCES).
     """
     if isinstance(expected, dict) and isinstance(got, dict):
         lines = []
@@ -800,7 +801,7 @@ def diff(expected: Any, got: Any, path: str = "", rel: float | None = None) -> l
     if isinstance(expected, str) and isinstance(got, str) and _HEX.match(expected) and _HEX.match(got):
         e, g = float.fromhex(expected), float.fromhex(got)
         relative = abs(g - e) / abs(e) if e else float("inf")
-        if rel is not None and relative <= rel:
+        if rel is not None and abs(g - e) <= rel * max(abs(e), 1.0):
             return []
         return [f"{path}: {g!r} != recorded {e!r} (rel diff {relative:.2e})"]
     return [f"{path}: {short(got)} != recorded {short(expected)}"]

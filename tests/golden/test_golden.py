@@ -40,7 +40,8 @@ differ between numpy versions, so a pin could break numpy's import elsewhere).
 Tolerance: none; every run is bitwise stable under these pins (checked repeatedly, under a load
 average up to ~15 on 2 cores and with the runs in parallel). After the rewrite, a run whose reduction
 order changes on purpose goes into :data:`TOLERANCES` with its relative tolerance and the reason;
-its floats are then compared within it and its weight digests are not compared.
+its floats are then compared within it (``|got - recorded| <= rel * max(|recorded|, 1)``) and its
+weight digests are not compared.
 
 The recordings hold for the library versions in ``recordings/environment.json`` (torch, transformers,
 peft, accelerate, megatron-core, tokenizers, pillow, glibc): another version may change a kernel,
