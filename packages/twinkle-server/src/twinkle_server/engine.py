@@ -1,11 +1,13 @@
 """The service's only contact with the model: the TwinkleModel API a training script calls, per tenant.
 
-Each client model is a tenant of one MultiLora model (``acquire_lora`` / ``release_lora``); its
+The model is any :class:`twinkle.model.MultiTenantModel` (``MultiLoraTransformersModel``,
+``MultiLoraMegatronModel``, a third party's). Each client model is a tenant of it (``acquire_lora`` /
+``release_lora``); its
 Tinker operations map onto the component API one to one:
 
 ================================  ==================================================================
 create_model (LoraConfig)         ``acquire_lora(tenant, LoraConfig(r, alpha, targets), seed=)`` +
-                                  ``set_optimizer('AdamW', ...)`` with Tinker's Adam defaults
+                                  ``set_optimizer('default', ...)`` with Tinker's Adam defaults
 forward_backward (loss_fn)        ``set_loss(loss_fn, **loss_fn_config)`` + ``forward_backward`` (one
                                   tenant) or ``forward_backward_multi`` (several), ``get_loss_outputs``
 forward                           ``set_loss`` + ``forward_only`` + ``calculate_loss`` + ``get_loss_outputs``
@@ -69,7 +71,7 @@ class Engine:
         self.targets = targets
         self.lora_alpha = lora_alpha
         self.max_rank = max_rank
-        self.batching = batching and hasattr(model, "forward_backward_multi")
+        self.batching = batching
         self.weights_version: dict[str, int] = {}
 
     # --------------------------------------------------------------- tenants
@@ -117,7 +119,10 @@ class Engine:
         self.weights_version.pop(model_id, None)
 
     def _set_optimizer(self, tenant: str) -> None:
-        self.model.set_optimizer("AdamW", adapter_name=tenant, **ADAM_DEFAULTS)
+        """The backend's own Adam(W) (``'default'``: torch AdamW, megatron-core's distributed Adam) with Tinker's
+        defaults; every optim_step sets the client's hyper-parameters on it."""
+        self.model.set_optimizer("default", adapter_name=tenant, lr=ADAM_DEFAULTS["lr"])
+        self.model.set_optimizer_params(adapter_name=tenant, **{k: v for k, v in ADAM_DEFAULTS.items() if k != "lr"})
 
     # ----------------------------------------------------------------- steps
     @staticmethod

@@ -31,7 +31,15 @@ logger = logging.getLogger("twinkle_server")
 def build_model(config: ServerConfig, targets: dict[str, list[str]]) -> Any:
     """The shared model: ``config.model`` built as the Trainer builds it, with one LoRA slot per tenant."""
     from twinkle import launch
+    from twinkle.config import ConfigError
+    from twinkle.model import MultiTenantModel
+    from twinkle.registry import resolve
 
+    cls = resolve("model", config.model.type)
+    if not (isinstance(cls, type) and issubclass(cls, MultiTenantModel)):
+        raise ConfigError(f"model.type: {config.model.type} serves one adapter; twinkle serve needs a multi-tenant "
+                          "model (one that implements twinkle.model.MultiTenantModel), e.g. MultiLoraTransformersModel "
+                          "or MultiLoraMegatronModel.")
     server = config.server
     if config.infra.mode == "local":  # a random-init base (twinkle:// assets) then depends on the seed only
         from twinkle.runtime import seed_everything

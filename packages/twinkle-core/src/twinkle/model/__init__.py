@@ -12,12 +12,16 @@ from typing import Any
 from twinkle.errors import ComponentNotFoundError, MissingBackendError
 from twinkle.model.base import TwinkleModel
 
-__all__ = ["TwinkleModel"]
+__all__ = ["MultiTenantModel", "TwinkleModel"]
 
 
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
+    if name == "MultiTenantModel":  # the protocol lives with its facade, which imports torch: loaded on use
+        from twinkle.model.multi_tenant import MultiTenantModel
+
+        return MultiTenantModel
     from twinkle.registry import resolve
 
     try:

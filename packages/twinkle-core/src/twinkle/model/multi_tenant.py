@@ -31,9 +31,10 @@ _PAD = {"input_ids": None, "attention_mask": 0, "labels": -100, "position_ids": 
 
 @runtime_checkable
 class MultiTenantModel(Protocol):
-    """What a multi-tenant model offers beside the TwinkleModel API (see the module docstring)."""
+    """What a multi-tenant model offers beside the TwinkleModel API (see the module docstring).
 
-    multi_lora: MultiLora
+    Methods only, so ``issubclass(model_class, MultiTenantModel)`` answers for a class before it is built.
+    """
 
     def acquire_lora(self, tenant: str, config: Any, *, seed: int | None = None) -> str:
         """Give ``tenant`` a free slot configured by ``config`` (a peft LoraConfig); returns the slot's name.
