@@ -65,27 +65,29 @@ def parse(tokens: list[str], job: dict[str, Any] = DEFAULT_JOB) -> Any:
 
 
 def run(tokens: list[str]) -> int:
-    """Parse, check, train; an error is one ``twinkle train: error:`` block (``--debug``: the traceback)."""
+    """Parse, check, train; an error is one ``twinkle train: error:`` message naming the option (``--debug``:
+    the traceback instead)."""
+    from twinkle.cli.errors import describe
     from twinkle.config import ConfigError
+    from twinkle.hub import HubError
 
     debug = "--debug" in tokens
     tokens = [t for t in tokens if t != "--debug"]
     if {"-h", "--help"} & set(tokens):
         print(help_text(), end="")
         return 0
+    config = None
     try:
-        return _train(parse(tokens))
+        config = parse(tokens)
+        return _train(config)
     except KeyboardInterrupt:
         print("twinkle train: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
         if debug:
             raise
-        from twinkle.errors import TwinkleError
-
-        what = str(exc) if isinstance(exc, TwinkleError) else f"{type(exc).__name__}: {exc}"
-        print(f"twinkle train: error: {what}\n(run with --debug for the traceback)", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+        print(f"twinkle train: error: {describe(exc, config)}\n(run with --debug for the traceback)", file=sys.stderr)
+        return 2 if isinstance(exc, (ConfigError, HubError)) else 1
 
 
 def _train(config: Any) -> int:
