@@ -1,5 +1,7 @@
 """How a command prints an error: one ``twinkle CMD: error: ...`` message that names the option.
 
+A missing optional module is named with the extra that installs it (:func:`twinkle.extras.hint`).
+
 An id that does not resolve (:class:`twinkle.hub.HubError`) is reported with the option(s) of the
 command's config that hold it, so ``--model.model-id ./no/such/dir`` reads
 ``twinkle train: error: --model.model-id './no/such/dir': no such local file or directory ...``.
@@ -28,10 +30,11 @@ def options_holding(config: Any, value: str) -> list[str]:
 def describe(exc: BaseException, config: Any = None) -> str:
     """The error's text: twinkle's own errors as they are, others with their type; a hub id with its option."""
     from twinkle.errors import TwinkleError
+    from twinkle.extras import hint
     from twinkle.hub import HubError
 
     if isinstance(exc, HubError) and config is not None:
         options = options_holding(config, exc.id)
         if options:
             return f"{' / '.join(options)} {exc.id!r}: {exc.reason}"
-    return str(exc) if isinstance(exc, TwinkleError) else f"{type(exc).__name__}: {exc}"
+    return str(exc) if isinstance(exc, TwinkleError) else hint(exc) or f"{type(exc).__name__}: {exc}"

@@ -58,7 +58,10 @@ def blank_image_inputs(processor: Any, size: int = 56) -> dict[str, Any]:
     ``size``: a small image (the processor resizes it up to its own minimum where it has one).
     """
     import torch
-    from PIL import Image
+
+    from twinkle.extras import require
+
+    Image = require("PIL.Image", "the blank image of a rank without images")
 
     features = processor(images=[Image.new("RGB", (size, size), (0, 0, 0))], return_tensors="pt")
     return {k: v for k, v in features.items() if isinstance(v, torch.Tensor)}
