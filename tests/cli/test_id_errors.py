@@ -17,7 +17,6 @@ from twinkle.cli.errors import describe, options_holding
 from twinkle.hub import HubClientMissingError, HubError, IdNotFoundError, resolve_path
 
 
-
 def test_a_missing_local_path_is_not_offered_as_a_hub_id(tmp_path):
     with pytest.raises(IdNotFoundError) as info:
         resolve_path("./no/such/dir")
