@@ -64,11 +64,15 @@ def summary(rows: list[dict[str, str]], width: int = WIDTH) -> list[str]:
             continue
         providers = by_kind[kind]
         lines.append(f"{kind} ({sum(map(len, providers.values()))})")
-        for provider, names in sorted(providers.items(), key=lambda item: (not item[0].startswith(CORE + " "), item[0])):
+        for provider, names in sorted(providers.items(), key=_core_first):
             wrapped = textwrap.wrap(", ".join(names), width - column, break_on_hyphens=False) or [""]
             lines.append(f"  {provider:<{column - 2}}{wrapped[0]}")
             lines += [" " * column + line for line in wrapped[1:]]
     return lines
+
+
+def _core_first(item: tuple[str, list[str]]) -> tuple[bool, str]:
+    return not item[0].startswith(CORE + " "), item[0]
 
 
 def run(args: argparse.Namespace) -> int:
