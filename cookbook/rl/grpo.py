@@ -19,7 +19,6 @@ import json
 import random
 import re
 import time
-import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from peft import LoraConfig
 from tqdm import tqdm
 
 import twinkle
-from twinkle import get_logger
+from twinkle import get_logger, known_warnings
 from twinkle.advantage import grpo
 from twinkle.model import TransformersModel
 from twinkle.reward import register_reward, score
@@ -38,8 +37,6 @@ from twinkle_hf.sampler import TorchSampler
 
 logger = get_logger()
 TINY_MODEL = "twinkle://tiny-qwen"
-warnings.filterwarnings("ignore", message=".*tie_word_embeddings=True.*", category=UserWarning)
-warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 WORDS = ("apples", "stars", "boats", "trees", "birds", "coins", "books", "lamps")
 
 
@@ -79,6 +76,7 @@ def make_prompts(template: Template, count: int, rng: random.Random) -> list[dic
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    known_warnings.silence(args.model_id)  # dependencies' notes that do not apply here (see the module)
     twinkle.initialize(seed=args.seed)
     rng = random.Random(args.seed)
     template = Template(args.model_id)

@@ -22,7 +22,7 @@ from peft import LoraConfig
 from torch.optim import Muon
 
 import twinkle
-from twinkle import DeviceMesh, get_device_placement, get_logger
+from twinkle import DeviceMesh, get_device_placement, get_logger, known_warnings
 from twinkle.cli import CLI
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
@@ -57,6 +57,7 @@ def save(model: TransformersModel, name: str, loader: DataLoader) -> str:
 
 
 def main() -> str:
+    known_warnings.silence(args.model.model_id)  # dependencies' notes that do not apply here (see the module)
     mesh = DeviceMesh.from_sizes(fsdp_size=args.infra.fsdp_size, dp_size=args.infra.dp_size)
     twinkle.initialize(mode=args.infra.mode, global_device_mesh=mesh, seed=args.training.seed)
     rows, eval_rows = args.training.train_samples, args.training.eval_samples

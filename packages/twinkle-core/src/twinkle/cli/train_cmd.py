@@ -91,15 +91,9 @@ def run(tokens: list[str]) -> int:
 
 
 def _train(config: Any) -> int:
-    import warnings
-
     from twinkle.trainer import Trainer
 
-    # The tiny default ties lm_head to the embeddings; these notes are expected there, not actionable.
-    warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
-    warnings.filterwarnings("ignore", message=".*save_embedding_layers.*")
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-    trainer = Trainer(config)
+    trainer = Trainer(config)  # it builds the model through twinkle.launch, which silences the known warnings
     with _progress(trainer, config.progress_bar):
         result = trainer.fit()
     if trainer.is_main:

@@ -47,13 +47,27 @@ def load_processor(model_id: str) -> Any:
                 from exc
         if str(path) not in _WARNED:
             _WARNED.add(str(path))
-            logger.warning("%s: transformers could not build the video processor (%s: %s); using %s for images only. "
-                           "Videos need torchvision installed for this torch build.", model_id, type(exc).__name__,
-                           str(exc).splitlines()[0][:200], type(processor).__name__)
+            _report_image_only(model_id, exc, type(processor).__name__)
     if not hasattr(processor, "image_processor"):
         raise DataError(f"{model_id!r} has no image processor (got {type(processor).__name__}); it is not a "
                         "vision-language model. Use a text template (Qwen2_5Template, ...) for it.")
     return processor
+
+
+def _report_image_only(model_id: str, exc: Exception, processor: str) -> None:
+    """Say once why videos are off. Without torchvision (CPU builds of torch) that is expected, and a row
+    with a video says so when it comes: an info line. Any other cause is a warning quoting the error's
+    first sentence whole."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        logger.info("%s: images only (%s without its video processor): transformers' video processors need "
+                    "torchvision, which this environment does not have.", model_id, processor)
+        return
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    sentence = first.split(". ")[0].rstrip(".")
+    logger.warning("%s: transformers could not build the video processor (%s: %s); using %s for images only.",
+                   model_id, type(exc).__name__, sentence, processor)
 
 
 def image_only_processor(path: str | Path) -> Any:
