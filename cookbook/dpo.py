@@ -4,7 +4,7 @@ Every pair answers the same question twice: the chosen answer is made of friendl
 rejected one of curt words (made in code below, with held-out pairs for evaluation). The reference
 policy is the base model under the adapter, switched off by the model itself (no second copy):
 
-    python cookbook/dpo.py            # ~15 s on 2 CPU cores: held-out accuracy 0.00 -> 1.00, margin 0 -> 1.6
+    ./dev run cookbook/dpo.py       # or python cookbook/dpo.py: held-out accuracy 0.00 -> 1.00, margin 0 -> 1.49
 
 Each step prints the loss, the chosen-minus-rejected margin of the implicit rewards
 ``beta * (log pi - log ref)`` and the preference accuracy. ``--loss ipo|simpo|orpo`` trains the other

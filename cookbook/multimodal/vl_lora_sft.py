@@ -20,6 +20,7 @@ from pathlib import Path
 from peft import LoraConfig
 from tqdm import tqdm
 
+import twinkle
 from twinkle import known_warnings
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
@@ -41,6 +42,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--mixed-precision", default="no")
     parser.add_argument("--output-dir", default="output/vl_lora_sft")
+    parser.add_argument("--seed", type=int, default=0, help="the random init of a tiny model, and the data order")
     parser.add_argument("--results-json", default=None, help="also write the losses and the checkpoint to this file")
     return parser.parse_args()
 
@@ -48,6 +50,7 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     args = parse()
     known_warnings.silence(args.model_id)  # dependencies' notes that do not apply here (see the module)
+    twinkle.initialize(seed=args.seed)  # the tiny model's weights are drawn at load: the same run every time
     start = time.time()
     # data: rows with '<image>' tags and their images (PNG bytes); the template runs the model's processor
     rows = [{"messages": r["messages"], "images": r["images"]} for r in shape_rows(args.samples, seed=0)]
@@ -55,7 +58,7 @@ def main() -> None:
     dataset.set_template(args.template, model_id=args.model_id, max_length=1024, truncation_strategy="delete")
     dataset.map(MessagesProcessor())
     dataset.encode()
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, seed=args.seed)
 
     # model: the image-text-to-text class is read from the config; LoRA on the language model
     model = TransformersModel(model_id=args.model_id, mixed_precision=args.mixed_precision)
