@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from twinkle.cli.main import main
-from twinkle.cli.train_cmd import DEFAULT_JOB, _progress, parse
+from twinkle.cli.train_cmd import DEFAULT_JOB, parse, progress
 from twinkle.config import schema_of
 from twinkle.trainer import ConfigError, TrainerConfig
 
@@ -90,24 +90,24 @@ def test_log_lines_and_library_bars_do_not_break_the_training_bar(capsys):
         on_step = None
 
     trainer = FakeTrainer()
-    with _progress(trainer, enabled=True):
-        assert not hf_logging.is_progress_bar_enabled()  # e.g. "Writing model shards" of a checkpoint
+    with progress(trainer, enabled=True):
+        assert not hf_logging.isprogress_bar_enabled()  # e.g. "Writing model shards" of a checkpoint
         trainer.on_step(1, 4, {"loss": 1.0, "lr": 1e-3, "tokens_per_second": 10.0})
         logging.getLogger("twinkle").info("checkpoint written")
         trainer.on_step(2, 4, {"loss": 0.9, "lr": 1e-3, "tokens_per_second": 10.0})
-    assert hf_logging.is_progress_bar_enabled()
+    assert hf_logging.isprogress_bar_enabled()
     err = capsys.readouterr().err
     assert re.search(r"(^|[\r\n])\[INFO:twinkle\] checkpoint written\n", err), repr(err)
     names = [type(h).__name__ for h in logging.getLogger("twinkle").handlers]
     assert "_StderrHandler" in names and "_AboveBar" not in names  # put back
 
 
-def test_no_progress_bar_changes_nothing():
+def test_noprogress_bar_changes_nothing():
     class FakeTrainer:
         on_step = None
 
     trainer = FakeTrainer()
-    with _progress(trainer, enabled=False):
+    with progress(trainer, enabled=False):
         assert trainer.on_step is None
 
 

@@ -94,7 +94,7 @@ def _train(config: Any) -> int:
     from twinkle.trainer import Trainer
 
     trainer = Trainer(config)  # it builds the model through twinkle.launch, which silences the known warnings
-    with _progress(trainer, config.progress_bar):
+    with progress(trainer, config.progress_bar):
         result = trainer.fit()
     if trainer.is_main:
         loss = "n/a" if result.final_loss is None else f"{result.final_loss:.4f}"
@@ -107,8 +107,10 @@ def _train(config: Any) -> int:
 
 
 @contextlib.contextmanager
-def _progress(trainer: Any, enabled: bool) -> Iterator[None]:
-    """A training bar; meanwhile log lines print above it and other libraries' bars stay quiet.
+def progress(trainer: Any, enabled: bool = True) -> Iterator[None]:
+    """A training bar for ``trainer.fit()``; meanwhile log lines print above it and other libraries' bars
+    stay quiet. ``twinkle train`` uses it; a script calling ``Trainer.fit()`` can too
+    (``with progress(trainer): trainer.fit()``, see cookbook/transformers/full_sft.py).
 
     Without this, a log record or transformers' "Writing model shards" bar (a checkpoint or HF
     export being written) lands in the middle of the training bar's line.
