@@ -91,11 +91,11 @@ def test_log_lines_and_library_bars_do_not_break_the_training_bar(capsys):
 
     trainer = FakeTrainer()
     with progress(trainer, enabled=True):
-        assert not hf_logging.isprogress_bar_enabled()  # e.g. "Writing model shards" of a checkpoint
+        assert not hf_logging.is_progress_bar_enabled()  # e.g. "Writing model shards" of a checkpoint
         trainer.on_step(1, 4, {"loss": 1.0, "lr": 1e-3, "tokens_per_second": 10.0})
         logging.getLogger("twinkle").info("checkpoint written")
         trainer.on_step(2, 4, {"loss": 0.9, "lr": 1e-3, "tokens_per_second": 10.0})
-    assert hf_logging.isprogress_bar_enabled()
+    assert hf_logging.is_progress_bar_enabled()
     err = capsys.readouterr().err
     assert re.search(r"(^|[\r\n])\[INFO:twinkle\] checkpoint written\n", err), repr(err)
     names = [type(h).__name__ for h in logging.getLogger("twinkle").handlers]
