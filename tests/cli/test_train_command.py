@@ -102,7 +102,7 @@ def test_log_lines_and_library_bars_do_not_break_the_training_bar(capsys):
     assert "_StderrHandler" in names and "_AboveBar" not in names  # put back
 
 
-def test_noprogress_bar_changes_nothing():
+def test_no_progress_bar_changes_nothing():
     class FakeTrainer:
         on_step = None
 
