@@ -54,7 +54,7 @@ def model(path: Path, **kwargs):
     from megatron_testing import megatron_model
 
     m = megatron_model(path, **kwargs)
-    m.device_type = "cuda"  # from here on MegatronModel takes its GPU code path
+    m.backend.device_type = "cuda"  # from here on MegatronModel takes its GPU code path
     return m
 
 
@@ -85,7 +85,7 @@ def main() -> None:
 
     single = fresh(path)
     report["optimizer_kind"] = single.optimizer_group["default"].optimizer.kind
-    report["model_wrapped"] = type(single._module_for(single.optimizer_group["default"])).__name__
+    report["model_wrapped"] = type(single.backend.group_module(single.optimizer_group["default"])).__name__
     data = make_batch(seed=7)
     losses, norms = [], []
     for micro in (1, 2, 4):
@@ -135,7 +135,7 @@ def several_tenants(path: Path, mixed_precision: str = "no") -> dict:
 
     def multi():
         m = MultiLoraMegatronModel(model_id=str(path), mixed_precision=mixed_precision, max_loras=2, max_r=8)
-        m.device_type = "cuda"  # simulated: take the GPU code path (already so on a GPU)
+        m.backend.device_type = "cuda"  # simulated: take the GPU code path (already so on a GPU)
         for tenant, config in configs.items():
             m.multi_lora.acquire_lora(tenant, config)
             m.set_optimizer("default", lr=2e-2, adapter_name=tenant)
@@ -148,7 +148,7 @@ def several_tenants(path: Path, mixed_precision: str = "no") -> dict:
 
     def digest(m, tenant):
         h = hashlib.sha256()
-        for _, p in m._group_named_parameters(m._group(tenant)):
+        for _, p in m.backend.adapters.named_parameters(m._group(tenant)):
             h.update(p.detach().float().numpy().tobytes())
         return h.hexdigest()
 
@@ -170,8 +170,8 @@ def several_tenants(path: Path, mixed_precision: str = "no") -> dict:
         "kinds": [d.kind for d in drivers],
         "own_chunks": drivers[0].chunks[0] is not drivers[1].chunks[0],
         "chunk_params_are_the_slot": all(
-            {id(p) for p in d.chunks[0].params_with_grad} == {id(p) for p in m._ddp_parameters(m._group(t))}
-            for d, t in zip(drivers, configs)),
+            {id(p) for p in d.chunks[0].params_with_grad}
+            == {id(p) for p in m.backend.adapters.ddp_parameters(m._group(t))} for d, t in zip(drivers, configs)),
     }
     m.multi_lora.release_lora("t1")
     m.multi_lora.acquire_lora("t3", configs["t1"])
