@@ -164,3 +164,94 @@ def test_bad_inputs_are_refused_and_leave_the_slots_unchanged(base, tmp_path):
     assert {s.adapter_name: _slot_hashes(model, s.adapter_name) for s in model.multi_lora.tenants} == before
     with pytest.raises(ValueError, match="max_r must be an integer >= 1"):
         _multi(base, max_r=0)
+
+
+# ------------------------------------------------------------------ the MultiTenantModel protocol
+TENANTS = {"a": LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
+           "b": LoraConfig(r=8, lora_alpha=16, use_rslora=True, target_modules=QKVO),
+           "c": LoraConfig(r=2, lora_alpha=2, target_modules=["down_proj"])}
+# each tenant's micro-batches: different row counts and lengths, so the stacked path pads differently
+BATCHES = {"a": [dict(seed=61, rows=2, length=10), dict(seed=62, rows=3, length=7)],
+           "b": [dict(seed=63, rows=4, length=12), dict(seed=64, rows=1, length=12)],
+           "c": [dict(seed=65, rows=1, length=6), dict(seed=66, rows=2, length=9)]}
+# float32: the stacked forward runs wider (padded) matmuls, so sums are reordered
+TOL = dict(rtol=1e-4, atol=1e-6)
+
+
+def _tenants(base):
+    model = _multi(base)
+    for i, (tenant, config) in enumerate(TENANTS.items()):
+        model.acquire_lora(tenant, config)
+        _randomise(model, tenant, seed=20 + i)
+        model.set_optimizer("default", lr=1e-2, weight_decay=0.1, adapter_name=tenant)
+    return model
+
+
+def _grads(model, tenant):
+    return [p.grad.clone() for _, p in model.backend.adapters.named_parameters(model._group(tenant))]
+
+
+def test_forward_backward_multi_equals_each_tenants_forward_backward(base):
+    from twinkle.model.multi_tenant import MultiTenantModel
+
+    fused, sequential = _tenants(base), _tenants(base)
+    assert isinstance(fused, MultiTenantModel) and fused.tenants() == list(TENANTS)
+    for micro in range(2):
+        got = fused.forward_backward_multi({t: make_batch(**BATCHES[t][micro]) for t in TENANTS})
+        want = {t: sequential.forward_backward(make_batch(**BATCHES[t][micro]), adapter_name=t,
+                                               gradient_accumulation_steps=2) for t in TENANTS}
+        assert {t: float(v) for t, v in got.items()} == pytest.approx({t: float(v) for t, v in want.items()},
+                                                                      rel=1e-5)
+    for tenant in TENANTS:
+        fused._group(tenant).gradient_accumulation_steps = 2
+        for g_fused, g_seq in zip(_grads(fused, tenant), _grads(sequential, tenant), strict=True):
+            assert g_seq.abs().sum() > 0
+            torch.testing.assert_close(g_fused, g_seq, **TOL)
+    for tenant in TENANTS:
+        norms = [m.clip_grad_norm(1.0, adapter_name=tenant) for m in (fused, sequential)]
+        assert norms[0] == pytest.approx(norms[1], rel=1e-4)
+        for m in (fused, sequential):
+            m.clip_grad_and_step(adapter_name=tenant)
+        torch.testing.assert_close(fused.get_state_dict(adapter_name=tenant),
+                                   sequential.get_state_dict(adapter_name=tenant), rtol=1e-4, atol=1e-6)
+        metrics = [m.calculate_metric(True, adapter_name=tenant) for m in (fused, sequential)]
+        assert metrics[0]["loss"] == pytest.approx(metrics[1]["loss"], rel=1e-5)
+        assert metrics[0]["token_accuracy"] == metrics[1]["token_accuracy"]
+        assert metrics[0]["step"] == metrics[1]["step"] == 1
+
+
+def test_a_tenants_rows_do_not_leak_into_another_tenants_gradient(base):
+    grads = []
+    for other_seed in (70, 71):
+        model = _tenants(base)
+        model.forward_backward_multi({"a": make_batch(seed=72, rows=2), "b": make_batch(seed=other_seed, rows=3)})
+        grads.append(_grads(model, "a"))
+        assert all(p.grad is None for _, p in model.backend.adapters.named_parameters(model._group("c")))
+    for g0, g1 in zip(*grads, strict=True):
+        torch.testing.assert_close(g0, g1, **TOL)
+
+
+def test_seeded_acquire_load_and_release_through_the_model(base, tmp_path):
+    """acquire_lora(seed=) gives a MegatronModel adapter's init of the same config, in whichever slot."""
+    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+    single = megatron_model(base)
+    single.add_adapter_to_model("a", config)  # the first adapter is drawn with seed 0
+    model = _multi(base)
+    model.acquire_lora("first", LoraConfig(r=2, target_modules=QKVO), seed=5)
+    assert model.acquire_lora("seeded", config, seed=0) == "lora_1"
+    reference = single.get_state_dict(adapter_name="a")
+    state = model.get_state_dict(adapter_name="seeded")
+    assert state.keys() == reference.keys() and all(torch.equal(state[k], reference[k]) for k in reference)
+
+    _randomise(model, "seeded", seed=3)
+    trained = model.get_state_dict(adapter_name="seeded")
+    saved = model.save("seeded", output_dir=str(tmp_path), adapter_name="seeded")
+    model.release_lora("seeded")
+    assert model.tenants() == ["first"]
+    assert model.load_lora("again", saved) == "lora_1"
+    assert model.tenants() == ["first", "again"]
+    again = model.get_state_dict(adapter_name="again")
+    assert again.keys() == trained.keys() and all(torch.equal(again[k], v) for k, v in trained.items())
+    with pytest.raises(CheckpointError):
+        model.load_lora("broken", tmp_path / "nowhere")
+    assert model.tenants() == ["first", "again"]
