@@ -178,12 +178,13 @@ BATCHES = {"a": [dict(seed=61, rows=2, length=10), dict(seed=62, rows=3, length=
 TOL = dict(rtol=1e-4, atol=1e-6)
 
 
-def _tenants(base):
+def _tenants(base, accumulation=1):
     model = _multi(base)
     for i, (tenant, config) in enumerate(TENANTS.items()):
         model.acquire_lora(tenant, config)
         _randomise(model, tenant, seed=20 + i)
         model.set_optimizer("default", lr=1e-2, weight_decay=0.1, adapter_name=tenant)
+        model._group(tenant).gradient_accumulation_steps = accumulation
     return model
 
 
@@ -194,30 +195,27 @@ def _grads(model, tenant):
 def test_forward_backward_multi_equals_each_tenants_forward_backward(base):
     from twinkle.model.multi_tenant import MultiTenantModel
 
-    fused, sequential = _tenants(base), _tenants(base)
+    fused, sequential = _tenants(base, accumulation=2), _tenants(base, accumulation=2)
     assert isinstance(fused, MultiTenantModel) and fused.tenants() == list(TENANTS)
     for micro in range(2):
-        got = fused.forward_backward_multi({t: make_batch(**BATCHES[t][micro]) for t in TENANTS})
-        want = {t: sequential.forward_backward(make_batch(**BATCHES[t][micro]), adapter_name=t,
-                                               gradient_accumulation_steps=2) for t in TENANTS}
-        assert {t: float(v) for t, v in got.items()} == pytest.approx({t: float(v) for t, v in want.items()},
-                                                                      rel=1e-5)
+        batches = {t: make_batch(**BATCHES[t][micro]) for t in TENANTS}
+        got = {t: float(loss) for t, loss in fused.forward_backward_multi(batches).items()}
+        assert got == pytest.approx({t: float(sequential.forward_backward(b, adapter_name=t))
+                                     for t, b in batches.items()}, rel=1e-5)
+    pairs = [(t, a, b) for t in TENANTS for a, b in zip(_grads(fused, t), _grads(sequential, t), strict=True)]
+    assert all(b.abs().sum() > 0 for _, _, b in pairs)
+    for _, a, b in pairs:
+        torch.testing.assert_close(a, b, **TOL)
     for tenant in TENANTS:
-        fused._group(tenant).gradient_accumulation_steps = 2
-        for g_fused, g_seq in zip(_grads(fused, tenant), _grads(sequential, tenant), strict=True):
-            assert g_seq.abs().sum() > 0
-            torch.testing.assert_close(g_fused, g_seq, **TOL)
-    for tenant in TENANTS:
-        norms = [m.clip_grad_norm(1.0, adapter_name=tenant) for m in (fused, sequential)]
-        assert norms[0] == pytest.approx(norms[1], rel=1e-4)
-        for m in (fused, sequential):
-            m.clip_grad_and_step(adapter_name=tenant)
+        fused_norm, norm = (m.clip_grad_norm(1.0, adapter_name=tenant) for m in (fused, sequential))
+        assert fused_norm == pytest.approx(norm, rel=1e-4)
+        fused.clip_grad_and_step(adapter_name=tenant)
+        sequential.clip_grad_and_step(adapter_name=tenant)
         torch.testing.assert_close(fused.get_state_dict(adapter_name=tenant),
                                    sequential.get_state_dict(adapter_name=tenant), rtol=1e-4, atol=1e-6)
-        metrics = [m.calculate_metric(True, adapter_name=tenant) for m in (fused, sequential)]
-        assert metrics[0]["loss"] == pytest.approx(metrics[1]["loss"], rel=1e-5)
-        assert metrics[0]["token_accuracy"] == metrics[1]["token_accuracy"]
-        assert metrics[0]["step"] == metrics[1]["step"] == 1
+        fused_metrics, metrics = (m.calculate_metric(True, adapter_name=tenant) for m in (fused, sequential))
+        assert fused_metrics["loss"] == pytest.approx(metrics["loss"], rel=1e-5)
+        assert (fused_metrics["token_accuracy"], fused_metrics["step"]) == (metrics["token_accuracy"], 1)
 
 
 def test_a_tenants_rows_do_not_leak_into_another_tenants_gradient(base):

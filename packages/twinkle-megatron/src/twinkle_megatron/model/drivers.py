@@ -26,7 +26,21 @@ from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.optim import MegatronDistributedOptimizer
 
 
-class TorchDriver:
+class Driver:
+    """What every driver shows of its optimizer: the hyper-parameters (``param_groups``) and the current lr."""
+
+    optimizer: Any
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+
+class TorchDriver(Driver):
     """CPU stand-in: torch AdamW over this rank's shards, with megatron's parameter groups and gradient rules.
 
     What megatron's DDP, ``finalize_model_grads`` and ``clip_grads`` do on GPU, done with
@@ -55,14 +69,6 @@ class TorchDriver:
         self.tp_parallel = collective.active(self.tp_group)
         self.data_parallel = collective.active(self.data_group)
         self.model_parallel = collective.active(self.model_group)
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
 
     def finalize(self, num_tokens: Any) -> None:
         if self.tp_parallel:
@@ -124,7 +130,7 @@ def _all_reduce_grads(params: list[torch.nn.Parameter], group: Any) -> None:
         grad.copy_(value)
 
 
-class MegatronDriver:
+class MegatronDriver(Driver):
     """megatron-core's DistributedOptimizer over the group's own Megatron-DDP chunk (GPU).
 
     ``params`` are the parameters of that chunk: while megatron collects "the trainable
@@ -140,14 +146,6 @@ class MegatronDriver:
         self.params = params
         self.scale_loss = optimizer.scale_loss  # the schedule scales this group's loss with it (fp16)
         self._clip: float | None = None
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
 
     def _configs(self) -> list[Any]:
         subs = getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]
