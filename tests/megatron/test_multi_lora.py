@@ -253,3 +253,34 @@ def test_seeded_acquire_load_and_release_through_the_model(base, tmp_path):
     with pytest.raises(CheckpointError):
         model.load_lora("broken", tmp_path / "nowhere")
     assert model.tenants() == ["first", "again"]
+
+
+def _rollouts(seed):
+    from twinkle.rollout import Rollout
+
+    gen = torch.Generator().manual_seed(seed)
+    return [Rollout(torch.randint(3, 120, (p,), generator=gen).tolist(),
+                    torch.randint(3, 120, (c,), generator=gen).tolist(), (-torch.rand(c, generator=gen) * 4).tolist(),
+                    float(torch.randn(1, generator=gen))) for p, c in ((3, 4), (2, 6), (5, 2))]
+
+
+def test_grpo_with_a_kl_penalty_takes_the_shared_base_as_reference(base):
+    """The KL term's reference is the base model without any tenant's LoRA, in one tenant's step and in the
+    stacked step of several (where the other rows still run through their own slots)."""
+    rollouts = {"a": _rollouts(1), "b": _rollouts(2)}
+
+    def tenants(beta):
+        model = _tenants(base)
+        for tenant in rollouts:
+            model.set_loss("grpo", beta=beta, adapter_name=tenant)
+        return model
+
+    fused, alone, without_kl = tenants(0.1), tenants(0.1), tenants(0.0)
+    got = {t: float(v) for t, v in fused.forward_backward_multi(rollouts).items()}
+    want = {t: float(alone.forward_backward(r, adapter_name=t)) for t, r in rollouts.items()}
+    assert got == pytest.approx(want, rel=1e-5)
+    for tenant in rollouts:
+        for a, b in zip(_grads(fused, tenant), _grads(alone, tenant), strict=True):
+            torch.testing.assert_close(a, b, **TOL)
+        # the tenants' LoRA moves the policy away from the base: a positive KL on top of the same surrogate
+        assert want[tenant] > float(without_kl.forward_backward(rollouts[tenant], adapter_name=tenant)) + 1e-4

@@ -18,6 +18,8 @@ reduce-scattered, as the base layer does. Several adapters live side by side; on
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -182,3 +184,17 @@ class LoraParallelLinear(nn.Module):
             axis[f"lora_A.{name}" if self.row else f"lora_B.{name}"] = 1 if self.row else 0
         state.update(make_sharded_tensors_for_checkpoint(lora, prefix, axis, sharded_offsets))
         return state
+
+
+@contextmanager
+def base_only(layers: Iterable[LoraParallelLinear]) -> Iterator[None]:
+    """Inside the block ``layers`` run no adapter (the reference policy); their routing is restored afterwards."""
+    layers = list(layers)
+    saved = [(layer.active_adapter, layer.row_adapters) for layer in layers]
+    for layer in layers:
+        layer.active_adapter, layer.row_adapters = None, None
+    try:
+        yield
+    finally:
+        for layer, (active, rows) in zip(layers, saved, strict=True):
+            layer.active_adapter, layer.row_adapters = active, rows

@@ -37,7 +37,7 @@ from twinkle_megatron.lora.inject import (
     target_suffixes,
     with_default_targets,
 )
-from twinkle_megatron.lora.layer import LoraParallelLinear
+from twinkle_megatron.lora.layer import LoraParallelLinear, base_only
 from twinkle_megatron.lora.peft_io import adapter_source, export_adapter, import_adapter, read_adapter
 
 #: LoraConfig fields the megatron LoRA layer cannot honour beyond ``check_lora_config``'s, with the allowed value.
@@ -145,8 +145,9 @@ class MegatronSlots:
         for name, layer in self._layers.items():
             layer.set_adapter(spec.slot if spec is not None and name in spec.targets else None)
 
-    def deactivate(self) -> None:
-        self.route(None)
+    def reference(self) -> Any:
+        """The shared base model (every tenant's reference policy), inside the block."""
+        return base_only(self._layers.values())
 
     def route_rows(self, routes: Sequence[Route] | None) -> None:
         """Each route's rows through its tenant's slot (None: back to one adapter per forward)."""

@@ -23,7 +23,7 @@ from twinkle_megatron.lora.inject import (
     target_suffixes,
     with_default_targets,
 )
-from twinkle_megatron.lora.layer import LoraParallelLinear
+from twinkle_megatron.lora.layer import LoraParallelLinear, base_only
 from twinkle_megatron.lora.peft_io import adapter_source, export_adapter, import_adapter, read_adapter
 
 
@@ -47,10 +47,9 @@ class LoraAdapters:
         raise ValueError("A MegatronModel runs one adapter per forward; several tenants in one batch need "
                          "MultiLoraMegatronModel.forward_backward_multi.")
 
-    def deactivate(self) -> None:
-        """The base model alone (the reference policy of a LoRA group)."""
-        for layer in self.layers:
-            layer.set_adapter(None)
+    def reference(self) -> Any:
+        """The base model alone (the reference policy of a LoRA group), inside the block."""
+        return base_only(self.layers)
 
     # --------------------------------------------------------------- parameters
     def named_parameters(self, group: OptimizerGroup) -> list[tuple[str, torch.nn.Parameter]]:

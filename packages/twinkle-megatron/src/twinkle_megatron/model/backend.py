@@ -250,16 +250,13 @@ class MegatronBackend:
                              "as 'ref_logprobs', or train a LoRA adapter (its reference is the base model).")
         module = self.gpt
         training = module.training
-        self.active_group = None
         try:
-            self.adapters.deactivate()
             module.train(False)
-            with torch.no_grad(), self._autocast():
+            with torch.no_grad(), self.adapters.reference(), self._autocast():
                 logits = self.logits_outputs(self._logits(module, batch))["logits"]
             return reference_logprobs(batch, logits)
         finally:
             module.train(training)
-            self.active_group = None
 
     def loss_for(self, group: OptimizerGroup, task: str, consumable: bool) -> Any:
         """twinkle's CrossEntropyLoss (or none) runs vocabulary-parallel; another loss reads gathered logits."""
