@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 import transformers
 from megatron_testing import hf_model, make_batch, megatron_model, save_hf
 
@@ -142,6 +143,8 @@ def test_megatron_training_arguments_go_to_the_object_they_configure(tmp_path):
     split.backend.run = lambda task, micro, *a: rows_seen.append(len(micro["input_ids"])) or run(task, micro, *a)
     assert split.forward_backward(inputs=batch) == pytest.approx(whole.forward_backward(inputs=batch), rel=1e-6)
     assert rows_seen == [2, 2]
+    logits = split.forward_only(batch)["logits"]  # a forward runs the micro-batches' rows together
+    assert rows_seen[2:] == [4] and torch.equal(logits, whole.forward_only(batch)["logits"])
     with pytest.raises(TypeError, match=r"unknown arguments \['overlap_grad_reduse'\]\. Did you mean "
                                         r"overlap_grad_reduce.*DistributedDataParallelConfig fields \(.*bucket_size"):
         megatron_model(path, overlap_grad_reduse=True)

@@ -178,7 +178,7 @@ class MegatronDriver(Driver):
     def zero_grad(self, set_to_none: bool = True) -> None:
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
-        self.optimizer.zero_grad(set_to_none)
+        self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def loss_scale(self) -> Any:
         return self.optimizer.get_loss_scale()
