@@ -79,6 +79,18 @@ def test_a_released_slot_serves_the_next_tenant_like_a_fresh_one(run):
     assert report["tenants_reacquired"] == report["tenants_alone"]["t1"]
 
 
+def test_forward_backward_multi_on_the_gpu_path_equals_each_tenants_schedule(run):
+    """Stacked rows of two tenants through the shared module (each slot's DDP chunk collects its own gradients)
+    against each tenant's forward_backward through megatron's schedule. float32: wider matmuls reorder sums."""
+    _, report = run
+    batched = report["batched"]
+    for fused, sequential in zip(batched["losses"]["fused"], batched["losses"]["sequential"], strict=True):
+        assert fused == pytest.approx(sequential, rel=1e-5)
+    for fused, sequential in zip(batched["norms"]["fused"], batched["norms"]["sequential"], strict=True):
+        assert fused == pytest.approx(sequential, rel=1e-4)
+    assert batched["state_max_diff"] < 1e-5 and batched["steps"] == [2, 2]
+
+
 def test_bf16_lora_keeps_frozen_weights_bf16_and_fp32_master_copies(run):
     _, report = run
     bf16 = report["bf16"]

@@ -86,7 +86,7 @@ def layout_checks(qwen2: Path, qwen3: Path, adapter: Path, mesh: DeviceMesh, out
     """Forward, weights and adapters at TP=2 against HF / peft."""
     rank, b = dist.get_rank(), batch()
     model = MegatronModel(model_id=str(qwen2), device_mesh=mesh, mixed_precision="no")
-    report["tp_rank"] = model.ranks.tp
+    report["tp_rank"] = model.backend.ranks.tp
     report["vocab_rows_on_this_rank"] = int(model.gpt.embedding.word_embeddings.weight.shape[0])
     hf = AutoModelForCausalLM.from_pretrained(str(qwen2), dtype=torch.float32).eval()
     report["qwen2_logits_diff"] = max_diff(model.forward_only(inputs=b)["logits"], hf_logits(hf, b),

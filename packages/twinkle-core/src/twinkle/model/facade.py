@@ -151,7 +151,8 @@ class ModelFacade(TwinkleModel):
     def _forward(self, group: OptimizerGroup, inputs: Any, task: str | None, training: bool,
                  options: dict[str, Any]) -> Any:
         task = self._task(group, task)
-        (batch,) = self._batch(group, inputs, task, options)
+        pieces = self._batch(group, inputs, task, options)
+        batch = pieces[0] if len(pieces) == 1 else joined(pieces)  # micro-batches (Megatron's) are forward_backward's
         self._require_parallelized("forward")
         return self.engine.forward([Route(group)], batch, task, training, options)
 
@@ -479,6 +480,15 @@ class ModelFacade(TwinkleModel):
                 if value is not None:
                     lines.append(f"    {label}: {type(value).__name__}")
         return "\n".join(lines)
+
+
+def joined(pieces: list[dict[str, Any]]) -> dict[str, Any]:
+    """Row pieces of one batch (a backend's micro-batches) as the one batch a forward runs."""
+    import torch
+
+    rows = pieces[0]["input_ids"].shape[0]
+    return {k: torch.cat([p[k] for p in pieces]) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows
+            else v for k, v in pieces[0].items()}
 
 
 def routes_of(groups: Mapping[str, OptimizerGroup], ranges: Mapping[str, tuple[int, int]]) -> list[Route]:

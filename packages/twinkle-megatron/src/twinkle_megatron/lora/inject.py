@@ -134,12 +134,6 @@ def add_lora(model: nn.Module, adapter: str, config: Any, seed: int = 0) -> list
     return sorted(targets)
 
 
-def set_active(model: nn.Module, adapter: str | None) -> None:
-    """Run ``adapter`` in every LoRA layer (None: the base model only)."""
-    for module in lora_modules(model).values():
-        module.set_adapter(adapter if adapter is not None and adapter in module.lora_A else None)
-
-
 def adapter_parameters(model: nn.Module, adapter: str) -> list[tuple[str, torch.nn.Parameter]]:
     out = []
     for name, module in lora_modules(model).items():

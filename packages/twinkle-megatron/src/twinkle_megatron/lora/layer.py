@@ -11,12 +11,15 @@ B zero) and shards like the layer it wraps:
   TP (``reduce_from_tensor_model_parallel_region``); B ``[out, r]`` replicated.
 
 Under sequence parallelism the column input is gathered along the sequence and the row output
-reduce-scattered, as the base layer does. Several adapters live side by side; one is active.
+reduce-scattered, as the base layer does. Several adapters live side by side; one is active, or
+(a batched multi-tenant step) each range of rows has its own (:meth:`LoraParallelLinear.route_rows`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -59,20 +62,16 @@ class LoraParallelLinear(nn.Module):
         self.scaling: dict[str, float] = {}
         self.r: dict[str, int] = {}
         self.active_adapter: str | None = None
+        #: (adapter or None, first row, end row) per range of the batch ([]: no adapter for any row); None:
+        #: ``active_adapter`` for every row
+        self.row_adapters: list[tuple[str | None, int, int]] | None = None
 
     def add_adapter(self, name: str, r: int, alpha: float, dropout: float = 0.0, use_rslora: bool = False,
                     generator: torch.Generator | None = None) -> None:
         """Create adapter ``name``: A drawn as peft does (on the full matrix, then this rank's slice), B zero."""
         weight = self.base_layer.weight
-        full_a = torch.empty(r, self.in_features, dtype=torch.float32)
-        bound = 1.0 / math.sqrt(self.in_features)  # kaiming_uniform_(a=sqrt(5)) on a [r, in] matrix
-        full_a.uniform_(-bound, bound, generator=generator)
-        if self.row:
-            a = torch.chunk(full_a, self.tp_size, dim=1)[self.tp_rank].contiguous()
-            b = torch.zeros(self.out_features, r)
-        else:
-            a = full_a
-            b = torch.zeros(self.out_features // self.tp_size, r)
+        a = self.draw_a(r, generator)
+        b = torch.zeros(self.out_features if self.row else self.out_features // self.tp_size, r)
         self.lora_A[name] = nn.Parameter(a.to(weight.device))
         self.lora_B[name] = nn.Parameter(b.to(weight.device))
         self._mark_parallel(name)
@@ -81,6 +80,13 @@ class LoraParallelLinear(nn.Module):
         self.r[name] = r
         if self.active_adapter is None:
             self.active_adapter = name
+
+    def draw_a(self, r: int, generator: torch.Generator | None) -> torch.Tensor:
+        """peft's init of an ``[r, in]`` A (kaiming_uniform_(a=sqrt(5))) drawn whole, then this rank's slice."""
+        full_a = torch.empty(r, self.in_features, dtype=torch.float32)
+        bound = 1.0 / math.sqrt(self.in_features)
+        full_a.uniform_(-bound, bound, generator=generator)
+        return torch.chunk(full_a, self.tp_size, dim=1)[self.tp_rank].contiguous() if self.row else full_a
 
     def _mark_parallel(self, name: str) -> None:
         """Tell megatron (grad norm, distributed checkpointing) which LoRA tensors are split over TP."""
@@ -111,6 +117,13 @@ class LoraParallelLinear(nn.Module):
         if name is not None and name not in self.lora_A:
             raise KeyError(f"This layer has no adapter {name!r}; it has {list(self.lora_A.keys())}.")
         self.active_adapter = name
+
+    def route_rows(self, routes: list[tuple[str | None, int, int]] | None) -> None:
+        """Rows ``start:stop`` of the batch through adapter ``name`` (None: no adapter) for each route; None:
+        every row through the active adapter again. Routes cover the batch's rows in order."""
+        if routes is not None and all(name is None for name, _, _ in routes):
+            routes = []  # no route adapts this layer: the base layer alone
+        self.row_adapters = routes
 
     def _lora_input(self, x: torch.Tensor) -> torch.Tensor:
         """The layer's real input: Transformer Engine's LayerNorm-Linear normalises inside (RMSNorm here)."""
@@ -143,15 +156,19 @@ class LoraParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         out = self.base_layer(x, *args, **kwargs)
-        name = self.active_adapter
-        if name is None:
+        name, rows = self.active_adapter, self.row_adapters
+        if (name is None and rows is None) or rows == []:
             return out
         result, bias = out if isinstance(out, tuple) else (out, None)
         if not self.row and getattr(self.base_layer, "gather_output", False):
             raise ValueError("LoRA on a column-parallel layer with gather_output=True is not supported; "
                              "target layers whose output stays partitioned (gather_output=False).")
-        delta = self.lora_delta(x, name)
-        result = result + delta.to(result.dtype)
+        if rows is None:
+            delta = self.lora_delta(x, name).to(result.dtype)
+        else:  # megatron's activations are [sequence, batch, hidden]: rows are dimension 1
+            delta = torch.cat([self.lora_delta(x[:, start:stop], adapter).to(result.dtype) if adapter is not None
+                               else torch.zeros_like(result[:, start:stop]) for adapter, start, stop in rows], dim=1)
+        result = result + delta
         return (result, bias) if isinstance(out, tuple) else result
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> Any:
@@ -167,3 +184,17 @@ class LoraParallelLinear(nn.Module):
             axis[f"lora_A.{name}" if self.row else f"lora_B.{name}"] = 1 if self.row else 0
         state.update(make_sharded_tensors_for_checkpoint(lora, prefix, axis, sharded_offsets))
         return state
+
+
+@contextmanager
+def base_only(layers: Iterable[LoraParallelLinear]) -> Iterator[None]:
+    """Inside the block ``layers`` run no adapter (the reference policy); their routing is restored afterwards."""
+    layers = list(layers)
+    saved = [(layer.active_adapter, layer.row_adapters) for layer in layers]
+    for layer in layers:
+        layer.active_adapter, layer.row_adapters = None, None
+    try:
+        yield
+    finally:
+        for layer, (active, rows) in zip(layers, saved, strict=True):
+            layer.active_adapter, layer.row_adapters = active, rows

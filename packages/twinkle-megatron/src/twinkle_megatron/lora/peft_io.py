@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from twinkle_megatron.bridge.layout import to_hf, to_mcore
 from twinkle_megatron.bridge.naming import LAYER_PREFIX, module_key
 from twinkle_megatron.bridge.shard import shard
 from twinkle_megatron.bridge.transfer import RankLayout, gather_tp
+from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.lora.inject import hf_target_modules, lora_modules
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -109,3 +111,22 @@ def read_adapter(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
         return load_file(str(weights)), json.loads(config.read_text(encoding="utf-8"))
     except Exception as exc:
         raise CheckpointError(f"Could not read the adapter in {str(directory)!r}: {exc}") from exc
+
+
+def adapter_source(config_or_dir: Any) -> tuple[Path | None, Any, dict[str, torch.Tensor] | None]:
+    """(directory, LoraConfig, PEFT-keyed weights) from a peft config or a PEFT adapter directory."""
+    from peft import LoraConfig, PeftConfig
+
+    if isinstance(config_or_dir, PeftConfig):
+        return None, config_or_dir, None
+    if isinstance(config_or_dir, (str, os.PathLike)):
+        directory = Path(config_or_dir).expanduser()
+        weights, _ = read_adapter(directory)
+        config = PeftConfig.from_pretrained(str(directory))
+        if not isinstance(config, LoraConfig):
+            raise MegatronConfigError(f"{str(directory)!r} holds a {type(config).__name__} adapter; MegatronModel "
+                                      "loads LoRA adapters only.")
+        config.inference_mode = False
+        return directory, config, weights
+    raise TypeError(f"config_or_dir must be a peft LoraConfig or an adapter directory, got "
+                    f"{type(config_or_dir).__name__}.")

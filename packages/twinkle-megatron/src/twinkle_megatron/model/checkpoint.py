@@ -1,4 +1,4 @@
-"""How MegatronModel writes and reads checkpoints, in TransformersModel's layout (the public methods are core's).
+"""How MegatronModel writes and reads checkpoint files (``twinkle.checkpoint.manager.CheckpointState``).
 
 A checkpoint directory holds HF-loadable weights (``save_pretrained`` layout, or a flat PEFT adapter
 directory), the tokenizer when a template has one, ``trainer_state.json`` always and, with
@@ -18,6 +18,7 @@ from twinkle.checkpoint import (
     RNG_FILE,
     SCHEDULER_FILE,
     CheckpointError,
+    PendingSave,
     apply_side_states,
     capture_rng_state,
     check_optimizer_state,
@@ -28,10 +29,9 @@ from twinkle.checkpoint import (
     torch_save,
     write_trainer_state,
 )
-from twinkle.model.checkpointing import CheckpointMixin as CoreCheckpointMixin
+from twinkle.checkpoint.tokenizer import save_tokenizer
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_megatron.bridge.transfer import export_from
-from twinkle_megatron.lora.peft_io import export_adapter, import_adapter, read_adapter
 from twinkle_megatron.model import dist_ckpt
 from twinkle_megatron.model.drivers import MegatronDriver, TorchDriver
 from twinkle_megatron.model.hf_export import write_adapter_dir, write_full
@@ -47,62 +47,69 @@ def _optimizer_file() -> str:
     return OPTIMIZER_FILE if collective.world_size() == 1 else f"optimizer_{collective.rank()}.pt"
 
 
-class CheckpointMixin(CoreCheckpointMixin):
-    """How MegatronModel writes and reads its checkpoint files; the public methods are core's."""
+class MegatronCheckpointState:
+    """The files of a :class:`~twinkle_megatron.model.backend.MegatronBackend`'s checkpoints (every rank writes)."""
 
-    def _write_checkpoint(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
-                          consumed_train_samples: int) -> None:
+    supports_async = False
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def write(self, group: OptimizerGroup, final: Path, save_optimizer: bool, consumed_train_samples: int) -> None:
         """Every rank writes into one shared temporary directory (TP gathers, sharded optimizer)."""
+        backend = self.backend
         with shared_atomic_directory(final) as tmp:
             if group.is_adapter:
-                write_adapter_dir(self, group.name, tmp)
+                config, suffixes = backend.adapters.peft_config(group)
+                write_adapter_dir(backend, backend.adapters.state_dict(group), config, suffixes, tmp)
             else:
-                write_full(self, tmp)
+                write_full(backend, tmp)
             if save_optimizer:
                 self._save_training_state(group, tmp)
             if collective.rank() == 0:
-                self._save_preprocessing(group, tmp)
+                save_tokenizer(tmp, group.template, backend.model_path)
                 write_trainer_state(tmp, group.trainer_state(
-                    consumed_train_samples, mixed_precision=self.mixed_precision,
+                    consumed_train_samples, mixed_precision=backend.mixed_precision,
                     has_optimizer_state=bool(save_optimizer), backend="megatron"))
 
-    def _resume_weights(self, group: OptimizerGroup, directory: Path, resume_only_model: bool) -> None:
-        restore = None if resume_only_model else self._read_training_state(group, directory)
-        self._load_weights(group, directory)
-        if restore is not None:
-            self._apply_training_state(group, directory, restore)
+    def write_async(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
+                    consumed_train_samples: int) -> PendingSave:
+        raise NotImplementedError("MegatronModel saves synchronously (supports_async is False).")
 
-    def _trainable_tensors(self, group: OptimizerGroup) -> Any:
-        return self._group_named_parameters(group)
-
-    def _state_dict(self, group: OptimizerGroup) -> dict[str, Any]:
-        """HF-named weights of this pipeline stage (full across TP): the adapter's (PEFT keys) or the model's."""
+    def load(self, group: OptimizerGroup, directory: Path) -> None:
+        backend = self.backend
         if group.is_adapter:
-            return self._adapter_tensors(group.name)
-        return export_from(self.gpt, self.args, self.layout)
-
-    # -------------------------------------------------------------- internals
-    def _adapter_tensors(self, adapter: str) -> dict[str, Any]:
-        """The adapter's tensors under PEFT file keys (full across TP); MultiLoraMegatronModel slices a tenant's."""
-        return export_adapter(self.gpt, adapter, self.args, self.layout)
-
-    def _load_weights(self, group: OptimizerGroup, directory: Path) -> None:
-        if group.is_adapter:
-            tensors, _ = read_adapter(directory)
-            import_adapter(self.gpt, group.name, tensors, self.args, self.layout, str(directory))
+            backend.adapters.load(group, directory)
         else:
             if (directory / "adapter_model.safetensors").is_file() and not (directory / "config.json").is_file():
                 raise CheckpointError(f"{str(directory)!r} holds LoRA adapter weights but this group trains the "
                                       "full model; add_adapter_to_model(name, LoraConfig(...)) first and pass "
                                       "adapter_name=.")
-            load_weights(self.gpt, str(directory), self.args, self.layout)
+            load_weights(backend.gpt, str(directory), backend.args, backend.layout)
         if isinstance(group.optimizer, MegatronDriver):
             group.optimizer.optimizer.reload_model_params()  # fp32 main copies follow the new weights
 
+    def resume(self, group: OptimizerGroup, directory: Path, resume_only_model: bool) -> None:
+        restore = None if resume_only_model else self._read_training_state(group, directory)
+        self.load(group, directory)
+        if restore is not None:
+            self._apply_training_state(group, directory, restore)
+
+    def trainable_tensors(self, group: OptimizerGroup) -> Any:
+        return self.backend.adapters.named_parameters(group)
+
+    def state_dict(self, group: OptimizerGroup) -> dict[str, Any]:
+        """HF-named weights of this pipeline stage (full across TP): the adapter's (PEFT keys) or the model's."""
+        backend = self.backend
+        if group.is_adapter:
+            return backend.adapters.state_dict(group)
+        return export_from(backend.gpt, backend.args, backend.layout)
+
+    # -------------------------------------------------------------- internals
     def _save_training_state(self, group: OptimizerGroup, directory: Path) -> None:
         driver = group.optimizer
         if isinstance(driver, MegatronDriver):
-            dist_ckpt.save_optimizer(self, driver, directory)
+            dist_ckpt.save_optimizer(driver, directory)
         elif isinstance(driver, TorchDriver):
             torch_save(driver.state_dict(), directory / _optimizer_file())
         if group.lr_scheduler is not None and collective.rank() == 0:
@@ -123,9 +130,13 @@ class CheckpointMixin(CoreCheckpointMixin):
                                       "state); it was saved without save_optimizer=True or by the CPU stand-in.")
             dist_ckpt.check_optimizer(directory)
         else:
+            path = directory / _optimizer_file()
             require_files(directory, [_optimizer_file()], "optimizer state")
-            restore["optimizer"] = safe_torch_load(directory / _optimizer_file())
-            _check_torch_state(group.optimizer, restore["optimizer"], directory / _optimizer_file())
+            restore["optimizer"] = safe_torch_load(path)
+            try:
+                check_optimizer_state(group.optimizer.optimizer, restore["optimizer"])
+            except ValueError as exc:
+                raise CheckpointError(f"{str(path)!r} does not fit this optimizer: {exc}.") from exc
         has_scheduler = (directory / SCHEDULER_FILE).is_file()
         if has_scheduler != (group.lr_scheduler is not None):
             raise RuntimeError(f"{str(directory)!r} {'has' if has_scheduler else 'has no'} lr scheduler state but "
@@ -135,14 +146,7 @@ class CheckpointMixin(CoreCheckpointMixin):
 
     def _apply_training_state(self, group: OptimizerGroup, directory: Path, restore: dict[str, Any]) -> None:
         if isinstance(group.optimizer, MegatronDriver):
-            dist_ckpt.load_optimizer(self, group.optimizer, directory)
+            dist_ckpt.load_optimizer(group.optimizer, directory)
         else:
             group.optimizer.load_state_dict(restore["optimizer"])
         apply_side_states(group, restore)
-
-
-def _check_torch_state(driver: Any, state: Any, path: Path) -> None:
-    try:
-        check_optimizer_state(driver.optimizer, state)
-    except ValueError as exc:
-        raise CheckpointError(f"{str(path)!r} does not fit this optimizer: {exc}.") from exc
