@@ -24,3 +24,11 @@ def build_component(kind: str, obj: Any, kwargs: dict[str, Any], *args: Any) -> 
         raise TypeError(f"{kind} {resolved!r} is already an instance; construction arguments {sorted(kwargs)} "
                         "cannot apply to it. Pass the class or its registered name instead.")
     return resolved
+
+
+def build_callable(kind: str, obj: Any, kwargs: dict[str, Any], how: str) -> Any:
+    """:func:`build_component`, refusing a result that cannot be called ``how`` (a loss, a processor)."""
+    built = build_component(kind, obj, kwargs)
+    if not callable(built):
+        raise TypeError(f"A {kind} must be callable {how}; got {type(built).__name__}.")
+    return built

@@ -30,7 +30,7 @@ from twinkle.engine.backend import ModelBackend
 from twinkle.log import get_logger
 from twinkle.metric import Metric
 from twinkle.model.base import TwinkleModel
-from twinkle.model.components import build_component
+from twinkle.model.components import build_callable, build_component
 from twinkle.model.inputs import collate
 from twinkle.model.optimizer_group import (
     DEFAULT_GROUP,
@@ -266,11 +266,7 @@ class ModelFacade(TwinkleModel):
     @locked
     def set_loss(self, loss_cls: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Use a loss (registered name, ``Loss`` class or instance, or a callable ``(inputs, outputs)``)."""
-        group = self._group(adapter_name)
-        loss = build_component("loss", loss_cls, kwargs)
-        if not callable(loss):
-            raise TypeError(f"A loss must be callable as loss(inputs, outputs); got {type(loss).__name__}.")
-        group.loss = loss
+        self._group(adapter_name).loss = build_callable("loss", loss_cls, kwargs, "as loss(inputs, outputs)")
 
     @locked
     def set_optimizer(self, optimizer_cls: Any = "default", *, adapter_name: str | None = None,
@@ -347,11 +343,8 @@ class ModelFacade(TwinkleModel):
     @locked
     def set_processor(self, processor_cls: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Use an input processor (padding, packing) to collate this group's lists of encoded rows."""
-        group = self._group(adapter_name)
-        processor = build_component("processor", processor_cls, kwargs)
-        if not callable(processor):
-            raise TypeError(f"A processor must be callable on a list of rows; got {type(processor).__name__}.")
-        group.processor = processor
+        self._group(adapter_name).processor = build_callable("processor", processor_cls, kwargs,
+                                                             "on a list of rows")
 
     @locked
     def apply_patch(self, patch_cls: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
