@@ -1,7 +1,7 @@
 """How each megatron tensor is split across tensor-parallel ranks, and put back together.
 
 * column-parallel (``dim0``): embeddings, output layer, ``linear_qkv`` (whole query groups per
-  rank, thanks to the grouped layout), LoRA B of column layers;
+  rank, thanks to the grouped layout), LoRA B of column layers (the output layer's: over the vocabulary);
 * ``gated``: ``linear_fc1`` = ``[gate; up]``: each rank holds ``[gate_i; up_i]``;
 * row-parallel (``dim1``): ``linear_proj``, ``linear_fc2`` and their LoRA A;
 * everything else (norms, router, row-layer biases, LoRA A of column layers) is replicated.
@@ -19,7 +19,8 @@ import torch
 
 from twinkle_megatron.errors import MegatronConfigError
 
-_DIM0 = re.compile(r"(word_embeddings\.weight|output_layer\.weight|linear_qkv\.(weight|bias|lora_B\.weight))$")
+_DIM0 = re.compile(r"(word_embeddings\.weight|output_layer\.(weight|lora_B\.weight)|"
+                   r"linear_qkv\.(weight|bias|lora_B\.weight))$")
 _GATED = re.compile(r"linear_fc1\.(weight|bias|lora_B\.weight)$")
 _DIM1 = re.compile(r"(linear_proj|linear_fc2)\.(weight|lora_A\.weight)$")
 
