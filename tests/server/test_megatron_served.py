@@ -88,20 +88,16 @@ def test_sampling_from_a_megatron_tenant_is_refused_with_a_400(megatron_server):
 
     capabilities = megatron_server.rest_client().get_server_capabilities().result()
     assert [(m.trainable, m.sampleable) for m in capabilities.supported_models] == [(True, False)]
-    with pytest.raises(tinker.BadRequestError, match="this server has no sampler"):
+    with pytest.raises(tinker.BadRequestError, match="this server cannot sample"):
         _sample_a_tenant(megatron_server)
     base = megatron_server.service_client("alice").create_sampling_client(base_model=BASE_MODEL)
-    with pytest.raises(tinker.BadRequestError, match="this server has no sampler"):
+    with pytest.raises(tinker.BadRequestError, match="this server cannot sample"):
         base.sample(types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=2)).result()
     assert megatron_server.alive()
     assert "TorchSampler samples on a TransformersModel or MultiLoraTransformersModel, got MultiLoraMegatronModel" in (
         megatron_server.log.read_text())  # the reason, in the server's log
 
 
-@pytest.mark.xfail(strict=True, reason="the 400 says 'sampling needs the local mode' (the server runs in local mode); "
-                                       "the reason (TorchSampler needs an HF model) is only in the server's log: "
-                                       "twinkle_server.ops_sampling._require_sampler does not carry build_sampler's "
-                                       "reason to the client yet")
 def test_the_refusal_names_why_a_megatron_server_cannot_sample(megatron_server):
     import tinker
 
