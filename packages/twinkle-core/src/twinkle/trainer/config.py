@@ -396,6 +396,9 @@ class TrainerConfig(Config):
             raise ConfigError("work_dir: must be a directory path.")
         if self.eval_interval not in (None, -1) and self.dataset.eval_samples == 0:
             raise ConfigError("eval_interval: evaluation needs dataset.eval_samples > 0.")
+        if self.loss.loss_reduction != "token" and self.dataloader.pack_to_max_length:
+            raise ConfigError("loss.loss_reduction: sample/square weight each row of a padded batch; packed rows "
+                              "(dataloader.pack_to_max_length) cannot be told apart: turn one of them off.")
         if self.dataset.combine and self.dataset.eval_samples and not self.dataset.eval_dataset_id:
             raise ConfigError("dataset.eval_samples: with several sources (dataset_cfg) name the evaluation data in "
                               "dataset.eval_dataset_id.")
