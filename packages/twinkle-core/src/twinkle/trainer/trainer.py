@@ -216,6 +216,7 @@ class Trainer:
             while group.cur_step < total and not self._stop_requested:
                 step_started, step_before, step = time.perf_counter(), group.cur_step, group.cur_step + 1
                 if group.micro_step == 0:
+                    self._epoch = loader.get_state()["consumed_train_samples"] // max(len(train_set), 1) + 1
                     self._call("before_train_step", step, total_step=total)
                 with profiler.step(step), tools.probing(step):
                     batches = tools.run_window(loader, window)
