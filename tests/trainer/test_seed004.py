@@ -94,7 +94,8 @@ def test_xtuner_spellings_and_ours_are_one_schema(tmp_path: Path) -> None:
         fsdp_cfg=FSDPConfig(param_dtype="bfloat16", recompute_ratio=1.0),
         resume_cfg=ResumeConfig(auto_resume=True, load_scheduler=False),
         dataset_cfg=DatasetConfig(anno_path="twinkle://self-cognition"), grad_norm_dtype=torch.float64,
-        hooks_config=HooksConfig(after_fit=_hook), internal_metrics_cfg=InternalMetricsConfig(internal_metrics_interval=2))
+        hooks_config=HooksConfig(after_fit=_hook),
+        internal_metrics_cfg=InternalMetricsConfig(internal_metrics_interval=2))
     assert _plain(xtuner) == _plain(ours)
     yaml_text = (f"total_step: 4\nglobal_batch_size: 4\nwork_dir: {tmp_path}\ndist_backend: gloo\nsp_size: 1\n"
                  "optim_cfg: {lr: 0.001, weight_decay: 0.01, betas: [0.9, 0.95], eps: 1.0e-8}\n"
@@ -102,7 +103,8 @@ def test_xtuner_spellings_and_ours_are_one_schema(tmp_path: Path) -> None:
                  "fsdp_cfg: {param_dtype: torch.bfloat16, recompute_ratio: 1.0}\n"
                  "resume_cfg: {auto_resume: true, load_scheduler: false}\n"
                  "dataset_cfg: {anno_path: twinkle://self-cognition}\ngrad_norm_dtype: torch.float64\n"
-                 "hooks_config: {after_fit: 'test_seed004:_hook'}\ninternal_metrics_cfg: {internal_metrics_interval: 2}\n")
+                 "hooks_config: {after_fit: 'test_seed004:_hook'}\n"
+                 "internal_metrics_cfg: {internal_metrics_interval: 2}\n")
     (tmp_path / "x.yaml").write_text(yaml_text)
     (tmp_path / "x.toml").write_text(
         f'total_step = 4\nglobal_batch_size = 4\nwork_dir = "{tmp_path}"\ndist_backend = "gloo"\nsp_size = 1\n'
