@@ -73,10 +73,21 @@ class StepTools:
         """forward_backward every (sub-)batch until the window holds ``window`` of them; the loader batches used."""
         cfg, model, group = self.cfg, self.model, self.group
         batches = 0
+        if self.debug_hooks is not None:
+            self.debug_hooks.first = None
         for batch in loader:
             for piece in split_rows(batch, cfg.intra_layer_micro_batch):
-                model.forward_backward(inputs=piece, adapter_name=self.adapter, task=self.trainer.task,
-                                       gradient_accumulation_steps=window)
+                try:
+                    model.forward_backward(inputs=piece, adapter_name=self.adapter, task=self.trainer.task,
+                                           gradient_accumulation_steps=window)
+                except RuntimeError as exc:
+                    if self.debug_hooks is None:
+                        raise
+                    from twinkle.errors import TwinkleError
+
+                    where = self.debug_hooks.first or "no module (the forward outputs were finite)"
+                    raise TwinkleError(f"debug: anomaly detection stopped step {group.cur_step + 1}: {exc} The first "
+                                       f"non-finite forward output came from {where}.") from exc
                 self.last_piece = piece
             batches += 1
             if group.micro_step >= window:
@@ -87,7 +98,8 @@ class StepTools:
     def _split_path(self, step: int) -> bool:
         cfg = self.cfg
         return (cfg.grad_norm_dtype != "float32" or cfg.optimizer.skip_grad_norm_threshold is not None or
-                (self.probers is not None and self.probers.active(step)))
+                (self.probers is not None and self.probers.active(step)) or
+                (self.internal is not None and self.internal.due(step)))
 
     def apply_step(self, window: int) -> float | None:
         """Clip and step the full window; the gradient norm when it was computed here (else the model's)."""
@@ -99,8 +111,6 @@ class StepTools:
             from twinkle.trainer.health import check_health
 
             check_health(model, self.adapter, step)
-        if self.internal is not None:
-            self.internal.before_clip(step)
         offloaded = getattr(self.trainer, "offloaded", None)
         if offloaded is not None:  # load_checkpoint.offload_optimizer_first_step: back for the first update
             reload(group.optimizer)
@@ -110,9 +120,12 @@ class StepTools:
         if not self._split_path(step):
             model.clip_grad_and_step(max_grad_norm=self.max_norm, **options)
             return None
+        model.clip_grad_norm(math.inf, adapter_name=self.adapter)  # finishes the gradients; scales them by exactly 1
+        if self.internal is not None:
+            self.internal.before_clip(step)
         if self.probers is not None:
             self.probers.before_clip(step)
-        norm = self._clip(step)
+        norm = self._clip()
         if self.probers is not None:
             self.probers.after_clip(step, norm)
         threshold = cfg.optimizer.skip_grad_norm_threshold
@@ -134,22 +147,25 @@ class StepTools:
         model.lr_step(**options)
         return norm
 
-    def _clip(self, step: int) -> float:
-        """The window's gradient norm (in grad_norm_dtype) and the clipping it decides."""
+    def _clip(self) -> float:
+        """The window's (finished) gradient norm in grad_norm_dtype, and the clipping it decides.
+
+        float32: the model's own clip (as clip_grad_and_step). float64: the norm of the float64-cast gradients,
+        and the gradients scaled by ``max_norm / (norm + 1e-6)`` when that is below 1 (torch's clipping rule).
+        """
         model, cfg = self.model, self.cfg
         if cfg.grad_norm_dtype == "float32":
             return float(model.clip_grad_norm(self.max_norm, adapter_name=self.adapter))
         import torch
 
-        model.clip_grad_norm(math.inf, adapter_name=self.adapter)  # finishes the gradients; scales by exactly 1
-        params = [p for p in model.backend.parameters(self.group) if p.grad is not None]
-        dtype = getattr(torch, cfg.grad_norm_dtype)
-        norm = torch.nn.utils.get_total_norm([p.grad.to(dtype) for p in params], 2.0)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        if math.isfinite(self.max_norm):
-            torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, norm)
-        return float(norm)
+        grads = [p.grad for p in model.backend.parameters(self.group) if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([g.to(getattr(torch, cfg.grad_norm_dtype)) for g in grads], 2.0)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        coefficient = self.max_norm / (norm + 1e-6)
+        if coefficient < 1.0:
+            for grad in grads:
+                grad.mul_(coefficient)
+        return norm
 
     def _health_due(self, step: int) -> bool:
         """check_health_interval: every N steps, and before each checkpoint or snapshot (as xtuner)."""

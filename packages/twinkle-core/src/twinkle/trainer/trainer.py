@@ -120,6 +120,11 @@ class Trainer:
                                   self.gas * intra_layer_micro_batch)
         if load_checkpoint_path is not None:
             model.resume_from_checkpoint(str(load_checkpoint_path), resume_only_model=True, adapter_name=self.adapter)
+            if cfg.infra.mode != "ray":  # its weights only: the step count starts at 0 (load_checkpoint continues it)
+                name = self.adapter or next(iter(model.optimizer_group))
+                model.optimizer_group[name].restore_progress(
+                    {"cur_step": 0, "consumed_train_samples": 0,
+                     "gradient_accumulation_steps": self.gas * intra_layer_micro_batch})
             logger.info("loaded weights from trainer checkpoint %s", load_checkpoint_path)
         return model
 
