@@ -60,8 +60,13 @@ def check_health(model: Any, adapter: str | None, step: int) -> None:
     everyone = collective.all_gather_object(mine)
     reference = everyone[0][2]
     found = []
-    for rank, problems, value in everyone:
-        found += [f"rank {rank}: {p}" for p in problems]
+    sources = any(p.startswith("non-finite weights") for _, problems, _ in everyone for p in problems)
+    # ranks with bad weights first: the gradient all-reduce spreads their NaN gradients to every rank
+    for rank, problems, value in sorted(everyone, key=lambda e: not any(p.startswith("non-finite weights")
+                                                                         for p in e[1])):
+        spread = sources and not any(p.startswith("non-finite weights") for p in problems)
+        found += [f"rank {rank}: {p}" + (" (received through the gradient all-reduce)" if spread else "")
+                  for p in problems]
         if value != reference:
             found.append(f"rank {rank}: the check computation gave {value!r} where rank 0 got {reference!r} (a faulty "
                          "device, or corrupted communication)")
