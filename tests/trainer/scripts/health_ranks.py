@@ -18,8 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer_testing import tiny_job  # noqa: E402
 
-from twinkle.trainer import ConfigError, Trainer  # noqa: E402
-from twinkle.trainer import health  # noqa: E402
+from twinkle.trainer import (  # noqa: E402
+    ConfigError,
+    Trainer,
+    health,  # noqa: E402
+)
 
 RANK = int(os.environ["RANK"])
 root = Path(sys.argv[1])
