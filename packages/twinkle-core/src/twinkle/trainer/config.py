@@ -396,6 +396,11 @@ class TrainerConfig(Config):
             raise ConfigError("work_dir: must be a directory path.")
         if self.eval_interval not in (None, -1) and self.dataset.eval_samples == 0:
             raise ConfigError("eval_interval: evaluation needs dataset.eval_samples > 0.")
+        targets = self.lora_targets() if self.lora.enabled else []
+        if self.loss.resolved()[2] == "fused_lm_ce" and "lm_head" in targets:
+            raise ConfigError("loss: the fused linear+cross-entropy (mode chunk/liger) reads lm_head's weight without "
+                              "running lm_head, so a LoRA on lm_head would not train; leave lm_head out of "
+                              "lora.target_modules, or use mode eager.")
         if self.loss.loss_reduction != "token" and self.dataloader.pack_to_max_length:
             raise ConfigError("loss.loss_reduction: sample/square weight each row of a padded batch; packed rows "
                               "(dataloader.pack_to_max_length) cannot be told apart: turn one of them off.")
