@@ -81,6 +81,8 @@ class Trainer:
         self.is_main = os.environ.get("RANK", "0") == "0"
         self.on_step: Any = None  # optional callback(step, record) for progress bars
         self.adapter = cfg.lora.adapter_name if cfg.lora.enabled else None
+        self._epoch: int | None = None  # the epoch of the step being run (hooks get it)
+        self._connected: set[int] = set()  # hooks given the Trainer (connect_trainer) already
 
     @classmethod
     def from_config(cls, config: TrainerConfig | dict[str, Any]) -> Trainer:
@@ -110,11 +112,9 @@ class Trainer:
         Trainer's business, see ``load_checkpoint``); ``intra_layer_micro_batch``: sub-batches per micro-batch
         (the accumulation the engine counts); ``strict``: weights that do not fit are an error.
         """
-        from twinkle.trainer import TrainerConfig as _Config
-
         cfg = self.config
         if fsdp_config is not None and fsdp_config != cfg.fsdp:
-            _Config.layered(cfg, {"fsdp": fsdp_config})  # refuses settings that disagree with infra/model
+            TrainerConfig.layered(cfg, {"fsdp": fsdp_config})  # refuses settings that disagree with infra/model
         model_id = str(model_path) if model_path is not None else model_config.model_id
         model = setup.build_model(cfg, model_config, optim_config, model_id, strict,
                                   self.gas * intra_layer_micro_batch)
@@ -326,13 +326,12 @@ class Trainer:
         if not hooks:
             return
         total = total_step if total_step is not None else getattr(info.get("result"), "total_step", None)
-        epoch = getattr(self, "_epoch", None)
         for hook in hooks:
             connect = getattr(hook, "connect_trainer", None)
-            if connect is not None and id(hook) not in getattr(self, "_connected", set()):
-                self.__dict__.setdefault("_connected", set()).add(id(hook))
+            if connect is not None and id(hook) not in self._connected:
+                self._connected.add(id(hook))
                 connect(self)
-            hook(step=step, epoch=epoch, total_step=total, total_epoch=self.config.total_epoch, **info)
+            hook(step=step, epoch=self._epoch, total_step=total, total_epoch=self.config.total_epoch, **info)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self._stop_requested:  # a second Ctrl-C: stop now
