@@ -130,10 +130,9 @@ def batching(cfg: TrainerConfig, data_parallel: int) -> tuple[int, int]:
     else:
         gas = cfg.dataloader.gradient_accumulation_steps
         rows = global_rows // gas
-    if rows // data_parallel < intra or rows % data_parallel:
-        raise ConfigError(f"intra_layer_micro_batch: {intra} sub-batches of a micro-batch of {rows} rows over "
-                          f"{data_parallel} data-parallel rank(s): each rank needs at least {intra} rows (and the "
-                          "rows must split evenly over the ranks); raise global_batch_size or lower it.")
+    if rows // data_parallel < intra:
+        raise ConfigError(f"intra_layer_micro_batch: {intra} sub-batches of a micro-batch of {rows // data_parallel} "
+                          "row(s) per data-parallel rank; raise global_batch_size or lower intra_layer_micro_batch.")
     return gas, rows
 
 
