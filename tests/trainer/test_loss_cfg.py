@@ -51,8 +51,23 @@ def test_loss_cfg_modes_resolve_and_chunk_trains_like_eager(tmp_path: Path) -> N
     # LoRA off lm_head: the fused loss reads the output layer's weight without running its forward
     lora = {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
+    shapes: dict[str, list[tuple[int, ...]]] = {}
+
+    class Shapes:  # the input_ids shapes the model's forward gets
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def connect_trainer(self, trainer: Trainer) -> None:
+            def record(module: object, args: tuple, kwargs: dict) -> None:
+                shapes.setdefault(self.name, []).append(tuple(kwargs["input_ids"].shape))
+            trainer.model.model.register_forward_pre_hook(record, with_kwargs=True)
+
+        def __call__(self, **kwargs: object) -> None:
+            pass
+
     def losses(name: str, **options: object) -> list[float]:
-        Trainer(**tiny_job(tmp_path / name, total_step=2, lora=lora, **options)).fit()
+        Trainer(**tiny_job(tmp_path / name, total_step=2, lora=lora, hooks={"before_train_step": Shapes(name)},
+                           **options)).fit()
         path = tmp_path / name / "logs" / "metrics.jsonl"
         return [r["loss"] for r in map(json.loads, path.read_text().splitlines()) if "loss" in r]
 
@@ -60,3 +75,7 @@ def test_loss_cfg_modes_resolve_and_chunk_trains_like_eager(tmp_path: Path) -> N
     assert losses("chunk", loss_cfg=CELossConfig(mode="chunk", chunk_size=16)) == pytest.approx(eager, rel=1e-5)
     sample = losses("sample", loss_cfg={"loss_reduction": "sample"})
     assert sample != pytest.approx(eager, rel=1e-5)
+    # dataloader_cfg.pack_to_max_length: each micro-batch packed into one row, the same losses
+    packed = losses("packed", dataloader={"gradient_accumulation_steps": 2, "pack_to_max_length": True})
+    assert packed == pytest.approx(eager, rel=1e-5)
+    assert {s[0] for s in shapes["packed"]} == {1} and {s[0] for s in shapes["eager"]} == {2}  # 2 rows -> 1 row

@@ -232,7 +232,11 @@ def build_model(cfg: TrainerConfig, model_config: Any, optim_config: Any, model_
     and loss; ``accumulation``: the micro-batches (sub-batches) one optimizer step takes."""
     from twinkle.launch import build_model as build
 
-    model = build(model_config, cfg.infra, model_id=model_id, strict_load=strict)
+    extra: dict[str, Any] = {}
+    if cfg.fsdp.reshard_after_forward is not None:  # FSDPConfig's, for native FSDP2 (fsdp_config of the model)
+        extra["fsdp_config"] = {**(model_config.kwargs.get("fsdp_config") or {}),
+                                "reshard_after_forward": cfg.fsdp.reshard_after_forward}
+    model = build(model_config, cfg.infra, model_id=model_id, strict_load=strict, **extra)
     template, max_length, truncation = cfg.dataset.encoding()
     # the data's template on the model too: its tokenizer and chat template go into every checkpoint
     model.set_template(template, model_id=cfg.tokenizer_path or model_id, max_length=max_length,
