@@ -100,3 +100,8 @@ def register_kernels():
     # torch reference choices, the last link of every chain (see twinkle/kernel/torch_choices.py)
     ops = ("rms_norm", "swiglu", "rotary_embedding", "attention", "cross_entropy", "fused_linear_cross_entropy")
     return {f"torch.{op}": f"twinkle.kernel.torch_choices:TORCH_{op.upper()}" for op in ops}
+
+
+@hookimpl
+def register_probers():
+    return {name: f"twinkle.trainer.probes:{name}" for name in ("AccProber", "TimeProber")}

@@ -141,17 +141,20 @@ def complete_checkpoints(root: Path, checksums: bool = False) -> list[tuple[int,
     return result
 
 
-def rotate(root: Path, maxkeep: int | None) -> list[Path]:
-    """Delete the oldest complete checkpoints beyond ``maxkeep`` (never the newest); return what went.
+def rotate(root: Path, maxkeep: int | None, protect: Path | None = None) -> list[Path]:
+    """Delete the oldest complete checkpoints beyond ``maxkeep`` (never the newest, never ``protect``: the one
+    just written); return what went.
 
     Each goes through :func:`discard`. Damaged checkpoints are left for a human.
     """
     if maxkeep is None or maxkeep <= 0:
         return []
     keep = max(maxkeep, 1)
-    complete = complete_checkpoints(root)
+    complete = [(step, path) for step, path in complete_checkpoints(root) if path != protect]
+    if protect is not None and protect.is_dir():
+        keep -= 1
     removed = []
-    for _, path in complete[:-keep]:
+    for _, path in (complete[:-keep] if keep > 0 else complete):
         discard(path)
         removed.append(path)
     return removed
