@@ -11,7 +11,7 @@ from twinkle.preprocessor import AlpacaProcessor, MessagesProcessor, SelfCogniti
 
 
 def _msgs(*pairs):
-    return [{"role": r, "content": c, "reasoning_content": None, "loss": None} for r, c in pairs]
+    return [{"role": r, "content": c, "reasoning_content": None, "loss": None, "tool_calls": None} for r, c in pairs]
 
 
 def test_self_cognition_fills_names_by_tag():
@@ -38,7 +38,8 @@ def test_alpaca_and_messages_formats():
     openai = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "loss": False}]}
     sharegpt = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}], "system": "S"}
     out = proc(openai)
-    assert out["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": None, "loss": False}
+    assert out["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": None, "loss": False,
+                                  "tool_calls": None}
     assert proc(sharegpt)["messages"] == _msgs(("system", "S"), ("user", "q"), ("assistant", "a"))
     tools = [{"type": "function", "function": {"name": "add"}}]
     assert json.loads(proc({**openai, "tools": json.dumps(tools)})["tools"]) == tools

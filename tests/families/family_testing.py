@@ -1,0 +1,450 @@
+"""The language families of seed 001 as tiny models: tokenizer, config, seeded weights, expected renderings.
+
+Every family is written to a model directory the way its hub repository looks (config.json of the
+family's transformers class, safetensors, tokenizer files; remote code where the repository ships
+code), built here with no network:
+
+- tokenizers: twinkle's embedded byte-level BPE (``twinkle://tiny-qwen``) with the family's special
+  tokens added. GLM-4 and InternLM2.5 ship theirs as remote code (a slow tokenizer class named
+  like the real one, ``remote/tokenization_slow.py``) loaded with ``trust_remote_code=True``. The
+  chat format is not in the tokenizer: the family's twinkle template renders it.
+- models: the family's transformers class (hidden 64, 2 layers, experts where the family has
+  them); InternLM2 has no transformers class, so ``remote/modeling_internlm2.py`` reproduces it.
+- :data:`CASES`: a conversation per family and the text its template must render, as segments
+  ``(text, trained)``: the expected rendering is their concatenation, the trained characters those
+  of the trained segments.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REMOTE = Path(__file__).parent / "remote"
+HIDDEN = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=512, tie_word_embeddings=False)
+
+
+# ------------------------------------------------------------------------------------------- configs
+def qwen3_5_config(vocab: int, full_attention_only: bool = False, **overrides: Any) -> Any:
+    from transformers import Qwen3_5TextConfig
+
+    layers = ["full_attention", "full_attention"] if full_attention_only else ["linear_attention", "full_attention"]
+    kwargs = dict(HIDDEN, vocab_size=vocab, intermediate_size=128, head_dim=16, linear_key_head_dim=16,
+                  linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, layer_types=layers)
+    kwargs.update(overrides)
+    return Qwen3_5TextConfig(**kwargs)
+
+
+def qwen3_5_moe_config(vocab: int, full_attention_only: bool = False, **overrides: Any) -> Any:
+    from transformers import Qwen3_5MoeTextConfig
+
+    layers = ["full_attention", "full_attention"] if full_attention_only else ["linear_attention", "full_attention"]
+    kwargs = dict(HIDDEN, vocab_size=vocab, head_dim=16, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2, linear_key_head_dim=16,
+                  linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, layer_types=layers)
+    kwargs.update(overrides)
+    return Qwen3_5MoeTextConfig(**kwargs)
+
+
+def deepseek_v3_config(vocab: int, dense_only: bool = False, **overrides: Any) -> Any:
+    """DeepSeek-R1's architecture (DeepseekV3): MLA attention, a dense first layer, then MoE layers."""
+    from transformers import DeepseekV3Config
+
+    kwargs = dict(HIDDEN, num_key_value_heads=4, vocab_size=vocab, intermediate_size=128, moe_intermediate_size=32,
+                  n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
+                  first_k_dense_replace=2 if dense_only else 1, q_lora_rank=32, kv_lora_rank=16,
+                  qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, routed_scaling_factor=2.5)
+    kwargs.update(overrides)
+    return DeepseekV3Config(**kwargs)
+
+
+def deepseek_v4_config(vocab: int) -> Any:
+    from transformers import DeepseekV4Config
+
+    return DeepseekV4Config(**{**HIDDEN, "num_key_value_heads": 1}, vocab_size=vocab, moe_intermediate_size=32,
+                            n_routed_experts=4, num_experts_per_tok=2, head_dim=32, q_lora_rank=32, o_groups=2,
+                            o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=4, sliding_window=8,
+                            hc_mult=2, hc_sinkhorn_iters=3, num_nextn_predict_layers=0)
+
+
+def llama3_config(vocab: int, **overrides: Any) -> Any:
+    from transformers import LlamaConfig
+
+    kwargs = dict(HIDDEN, vocab_size=vocab, intermediate_size=128,
+                  rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 8192})
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
+def mistral_config(vocab: int, **overrides: Any) -> Any:
+    from transformers import MistralConfig
+
+    kwargs = dict(HIDDEN, vocab_size=vocab, intermediate_size=128, head_dim=16, sliding_window=None,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    kwargs.update(overrides)
+    return MistralConfig(**kwargs)
+
+
+def yi_config(vocab: int, **overrides: Any) -> Any:
+    from transformers import LlamaConfig  # Yi-1.5 checkpoints are LlamaForCausalLM
+
+    kwargs = dict(HIDDEN, vocab_size=vocab, intermediate_size=128,
+                  rope_parameters={"rope_type": "default", "rope_theta": 5000000.0})
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
+def qwen2_5_config(vocab: int, **overrides: Any) -> Any:
+    from transformers import Qwen2Config
+
+    kwargs = dict(HIDDEN, vocab_size=vocab, intermediate_size=128)
+    kwargs.update(overrides)
+    return Qwen2Config(**kwargs)
+
+
+def glm4_config(vocab: int) -> Any:
+    from transformers import GlmConfig  # glm-4-9b-chat's architecture in transformers (the "-hf" checkpoints)
+
+    return GlmConfig(**HIDDEN, vocab_size=vocab, intermediate_size=128, head_dim=16)
+
+
+def internlm2_config(vocab: int) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("configuration_internlm2", REMOTE / "configuration_internlm2.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.InternLM2Config(**HIDDEN, vocab_size=vocab, intermediate_size=128, bias=False,
+                                  rope_theta=1000000.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+# ------------------------------------------------------------------------------------------- families
+@dataclass(frozen=True)
+class Family:
+    key: str
+    row: str  # the seed-001 row
+    hub_id: str
+    template: str
+    bos: str | None
+    eos: str
+    pad: str
+    specials: tuple[str, ...]
+    config: Callable[[int], Any]
+    unk: str | None = None
+    slow_tokenizer: tuple[str, str] | None = None  # (file name, class name) of the remote-code tokenizer
+    remote_model: bool = False
+    architecture: str = ""
+    tools: bool = True
+    thinking: bool = False
+    notes: str = ""
+
+
+_DS_TOOL = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
+            "<｜tool▁output▁end｜>")
+_DS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>")
+
+FAMILIES: dict[str, Family] = {f.key: f for f in (
+    Family("qwen3_5", "Qwen 3.5", "Qwen/Qwen3.5-0.6B", "Qwen3_5Template", None, "<|im_end|>", "<|endoftext|>",
+           ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+            "<tool_response>", "</tool_response>"), qwen3_5_config, architecture="Qwen3_5ForCausalLM",
+           thinking=True),
+    Family("qwen3_5_moe", "Qwen 3.5 (MoE)", "Qwen/Qwen3.5-235B-A22B", "Qwen3_5Template", None, "<|im_end|>",
+           "<|endoftext|>", ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
+                             "</tool_call>", "<tool_response>", "</tool_response>"), qwen3_5_moe_config,
+           architecture="Qwen3_5MoeForCausalLM", thinking=True),
+    Family("qwen2_5", "Qwen 2.5", "Qwen/Qwen2.5-0.5B", "Qwen2_5Template", None, "<|im_end|>", "<|endoftext|>",
+           ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"), qwen2_5_config,
+           architecture="Qwen2ForCausalLM"),
+    Family("deepseek_v4", "DeepSeek V4", "deepseek-ai/DeepSeek-V4", "DeepSeekV4Template", _DS[0], _DS[1], _DS[1],
+           (*_DS, "｜DSML｜", "<｜latest_reminder｜>"), deepseek_v4_config, architecture="DeepseekV4ForCausalLM",
+           thinking=True),
+    Family("deepseek_r1", "DeepSeek R1", "deepseek-ai/DeepSeek-R1", "DeepSeekR1Template", _DS[0], _DS[1], _DS[1],
+           (*_DS, *_DS_TOOL), deepseek_v3_config, architecture="DeepseekV3ForCausalLM"),
+    Family("llama3", "LLaMA 3", "meta-llama/Llama-3.3-70B-Instruct", "Llama3Template", "<|begin_of_text|>",
+           "<|eot_id|>", "<|end_of_text|>", ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                                             "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"),
+           llama3_config, architecture="LlamaForCausalLM"),
+    Family("mistral", "Mistral", "mistralai/Mistral-7B-v0.3", "MistralTemplate", "<s>", "</s>", "</s>",
+           ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), mistral_config, unk="<unk>", architecture="MistralForCausalLM"),
+    Family("yi", "Yi", "01-ai/Yi-1.5-34B", "YiTemplate", "<|startoftext|>", "<|im_end|>", "<unk>",
+           ("<unk>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im_sep|>"), yi_config,
+           unk="<unk>", architecture="LlamaForCausalLM", tools=False),
+    Family("glm4", "GLM-4", "THUDM/glm-4-9b-chat", "GLM4Template", None, "<|endoftext|>", "<|endoftext|>",
+           ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+            "<|assistant|>", "<|observation|>"), glm4_config,
+           slow_tokenizer=("tokenization_chatglm.py", "ChatGLM4Tokenizer"), architecture="GlmForCausalLM"),
+    Family("internlm2_5", "InternLM 2.5", "internlm/internlm2_5-7b-chat", "InternLM2Template", "<s>", "</s>", "</s>",
+           ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|action_start|>", "<|action_end|>",
+            "<|interpreter|>", "<|plugin|>"), internlm2_config, unk="<unk>",
+           slow_tokenizer=("tokenization_internlm2.py", "InternLM2Tokenizer"), remote_model=True,
+           architecture="InternLM2ForCausalLM"),
+)}
+
+
+# ------------------------------------------------------------------------------------------- tokenizers
+def _bpe_with(specials: tuple[str, ...]) -> Any:
+    from tokenizers import AddedToken, Tokenizer
+
+    from twinkle.assets import asset_path
+
+    tok = Tokenizer.from_file(str(asset_path("tiny-qwen") / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return tok
+
+
+def write_tokenizer(family: Family, directory: Path) -> tuple[int, dict[str, int | None]]:
+    """The family's tokenizer files in ``directory``; returns the vocabulary size (with added tokens) and the
+    ids of its bos/eos/pad tokens (config fields ``bos_token_id``...)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    named = {"bos_token": family.bos, "eos_token": family.eos, "pad_token": family.pad, "unk_token": family.unk}
+    named = {k: v for k, v in named.items() if v is not None}
+    if family.slow_tokenizer is None:
+        from transformers import PreTrainedTokenizerFast
+
+        fast = PreTrainedTokenizerFast(tokenizer_object=_bpe_with(family.specials), **named,
+                                       additional_special_tokens=[t for t in family.specials
+                                                                  if t not in named.values()])
+        fast.save_pretrained(str(directory))
+        return len(fast), {f"{k}_token_id": getattr(fast, f"{k}_token_id") for k in ("bos", "eos", "pad")}
+    from tokenizers import Tokenizer
+
+    from twinkle.assets import asset_path
+
+    filename, cls = family.slow_tokenizer
+    base = Tokenizer.from_file(str(asset_path("tiny-qwen") / "tokenizer.json"))
+    base.save(str(directory / "bpe.json"))
+    shutil.copyfile(REMOTE / "tokenization_slow.py", directory / filename)
+    module = filename[:-3]
+    vocab = base.get_vocab_size()
+    added = {str(vocab + i): {"content": t, "special": True, "normalized": False, "lstrip": False, "rstrip": False,
+                              "single_word": False} for i, t in enumerate(family.specials)}
+    config = {"tokenizer_class": cls, "auto_map": {"AutoTokenizer": [f"{module}.{cls}", None]},
+              "added_tokens_decoder": added, **named, "model_max_length": 2048,
+              "additional_special_tokens": [t for t in family.specials if t not in named.values()]}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2))
+    ids = {t: vocab + i for i, t in enumerate(family.specials)}
+    return vocab + len(family.specials), {f"{k}_token_id": ids.get(getattr(family, k)) for k in ("bos", "eos", "pad")}
+
+
+def load_tokenizer(directory: Path, family: Family) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=family.slow_tokenizer is not None)
+
+
+# ------------------------------------------------------------------------------------------- models
+def seeded_model(config: Any, seed: int = 0, remote: bool = False) -> Any:
+    """A seeded fp32 model of ``config``'s class, its norm weights randomised (1/0 would hide a swapped tensor)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    if remote:
+        import importlib.util
+        import sys
+
+        sys.path.insert(0, str(REMOTE))
+        try:
+            spec = importlib.util.spec_from_file_location("modeling_internlm2", REMOTE / "modeling_internlm2.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(REMOTE))
+        model = module.InternLM2ForCausalLM(config)
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and param.dim() == 1:
+                param.add_(0.2 * torch.randn_like(param))
+    return model.float().eval()
+
+
+def write_model(family: Family, directory: Path, config: Any = None, seed: int = 0) -> Path:
+    """A complete model directory: tokenizer, config, seeded weights (remote code copied where the family has it)."""
+    vocab, special_ids = write_tokenizer(family, directory)
+    config = config if config is not None else family.config(vocab)
+    config.vocab_size = vocab
+    for name, value in special_ids.items():
+        setattr(config, name, value)
+    model = seeded_model(config, seed=seed, remote=family.remote_model)
+    if family.remote_model:
+        for name in ("configuration_internlm2.py", "modeling_internlm2.py"):
+            shutil.copyfile(REMOTE / name, directory / name)
+        model.config.auto_map = {"AutoConfig": "configuration_internlm2.InternLM2Config",
+                                 "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"}
+    model.save_pretrained(str(directory))
+    return directory
+
+
+# ------------------------------------------------------------------------------------------- conversations
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                         "parameters": {"type": "object",
+                                                        "properties": {"city": {"type": "string"},
+                                                                       "days": {"type": "integer"}}}}}
+CALL = {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}
+TOOL_JSON = json.dumps(TOOL, ensure_ascii=False)
+FN_JSON = json.dumps(TOOL["function"], ensure_ascii=False)
+CALL_ARGS = json.dumps(CALL["arguments"])
+
+
+def tool_conversation(reasoning: bool = False) -> dict[str, Any]:
+    """system, user, a tool call, its result, the answer (with reasoning for thinking families)."""
+    think = (lambda text: {"reasoning_content": text}) if reasoning else (lambda text: {})
+    return {"messages": [
+        {"role": "system", "content": "You are a weather bot."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL], **think("Need the tool.")},
+        {"role": "tool", "content": '{"temp": 21}'},
+        {"role": "assistant", "content": "It is 21 C.", **think("Tool says 21.")},
+    ], "tools": [TOOL]}
+
+
+def chat_conversation() -> dict[str, Any]:
+    return {"messages": [
+        {"role": "system", "content": "You are a helpful bot."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Goodbye."},
+    ]}
+
+
+Segments = list[tuple[str, bool]]
+
+_QWEN_TOOLS = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+               "function signatures within <tools></tools> XML tags:\n<tools>\n" + TOOL_JSON + "\n</tools>")
+_V4_TOOLS = (
+    "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by writing "
+    "a \"<｜DSML｜tool_calls>\" block like the following:\n\n<｜DSML｜tool_calls>\n"
+    "<｜DSML｜invoke name=\"$TOOL_NAME\">\n"
+    "<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n"
+    "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\n"
+    "String parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, booleans, "
+    "arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled "
+    "(triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls "
+    "or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n"
+    "### Available Tool Schemas\n\n" + FN_JSON + "\n\nYou MUST strictly follow the above defined tool name and "
+    "parameter schemas to invoke tool calls.\n")
+_LLAMA_HINT = ("Given the following functions, please respond with a JSON for a function call with its proper "
+               "arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, "
+               "\"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n")
+_GLM_TOOLS = ("你是一个名为 ChatGLM 的人工智能助手。你是基于智谱AI训练的语言模型 GLM-4 模型开发的，"
+              "你的任务是针对用户的问题和要求提供适当的答复和支持。\n\n# 可用工具\n\n## get_weather\n\n"
+              + json.dumps(TOOL["function"], ensure_ascii=False, indent=4)
+              + "\n在调用上述函数时，请使用 Json 格式表示调用的参数。")
+_QWEN35_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n"
+                "</parameter>\n</function>\n</tool_call>")
+
+
+@dataclass
+class Case:
+    """A conversation, the template arguments, and the rendering its family's template must produce."""
+
+    row: dict[str, Any]
+    segments: Segments
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.segments)
+
+
+def cases(key: str) -> list[Case]:
+    """The conversations of a family, each with its expected rendering (written from the family's format)."""
+    if key in ("qwen3_5", "qwen3_5_moe"):
+        system = ("<|im_start|>system\nYou are a weather bot.\n\n" + _QWEN_TOOLS + "\n\nIf you choose to call a "
+                  "function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function="
+                  "example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n"
+                  "</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n")
+        result = ("\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>\n"
+                  "<|im_start|>assistant\n")
+        thinking = Case(tool_conversation(reasoning=True), [
+            (system + "<think>\n", False), ("Need the tool.\n</think>\n\n" + _QWEN35_CALL + "<|im_end|>", True),
+            (result + "<think>\n", False), ("Tool says 21.\n</think>\n\nIt is 21 C.<|im_end|>", True), ("\n", False)])
+        closed = "<think>\n\n</think>\n\n"
+        plain = Case(tool_conversation(), [
+            (system + closed, False), (_QWEN35_CALL + "<|im_end|>", True), (result + closed, False),
+            ("It is 21 C.<|im_end|>", True), ("\n", False)])
+        return [thinking, plain]
+    if key == "qwen2_5":
+        return [Case(tool_conversation(), [
+            ("<|im_start|>system\nYou are a weather bot.\n\n" + _QWEN_TOOLS + "\n\nFor each function call, return a "
+             "json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+             "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>"
+             "user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n", False),
+            ("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + CALL_ARGS + "}\n</tool_call><|im_end|>",
+             True),
+            ("\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+             False),
+            ("It is 21 C.<|im_end|>", True), ("\n", False)])]
+    if key == "deepseek_v4":
+        dsml = ("\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+                "string=\"true\">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">2"
+                "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+        thinking = Case(tool_conversation(reasoning=True), [
+            ("<｜begin▁of▁sentence｜>You are a weather bot.\n\n" + _V4_TOOLS + "<｜User｜>Weather in Paris?"
+             "<｜Assistant｜><think>", False),
+            ("Need the tool.</think>" + dsml + "<｜end▁of▁sentence｜>", True),
+            ("<｜User｜><tool_result>{\"temp\": 21}</tool_result><｜Assistant｜><think>", False),
+            ("Tool says 21.</think>It is 21 C.<｜end▁of▁sentence｜>", True)])
+        chat = Case(chat_conversation(), [
+            ("<｜begin▁of▁sentence｜>You are a helpful bot.<｜User｜>Hi<｜Assistant｜></think>", False),
+            ("Hello!<｜end▁of▁sentence｜>", True), ("<｜User｜>Bye<｜Assistant｜></think>", False),
+            ("Goodbye.<｜end▁of▁sentence｜>", True)])
+        return [thinking, chat]
+    if key == "deepseek_r1":
+        return [Case(tool_conversation(reasoning=True), [
+            ("<｜begin▁of▁sentence｜>You are a weather bot.<｜User｜>Weather in Paris?<｜Assistant｜><think>\n", False),
+            ("Need the tool.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+             "get_weather\n"
+             "```json\n" + CALL_ARGS + "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>", True),
+            ("<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{\"temp\": 21}<｜tool▁output▁end｜><｜tool▁outputs▁end｜>",
+             False),
+            ("It is 21 C.<｜end▁of▁sentence｜>", True)])]
+    if key == "llama3":
+        head = "<|start_header_id|>{}<|end_header_id|>\n\n"
+        return [Case(tool_conversation(), [
+            ("<|begin_of_text|>" + head.format("system") + "Environment: ipython\nCutting Knowledge Date: December "
+             "2023\nToday Date: 26 Jul 2024\n\nYou are a weather bot.<|eot_id|>" + head.format("user") + _LLAMA_HINT
+             + json.dumps(TOOL, indent=4) + "\n\nWeather in Paris?<|eot_id|>" + head.format("assistant"), False),
+            ("{\"name\": \"get_weather\", \"parameters\": " + CALL_ARGS + "}<|eot_id|>", True),
+            (head.format("ipython") + "{\"temp\": 21}<|eot_id|>" + head.format("assistant"), False),
+            ("It is 21 C.<|eot_id|>", True)])]
+    if key == "mistral":
+        return [Case(tool_conversation(), [
+            ("<s>[AVAILABLE_TOOLS] [" + TOOL_JSON + "][/AVAILABLE_TOOLS][INST] You are a weather bot.\n\n"
+             "Weather in Paris?[/INST]", False),
+            ("[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": " + CALL_ARGS + "}]</s>", True),
+            ("[TOOL_RESULTS] {\"content\": \"{\\\"temp\\\": 21}\"}[/TOOL_RESULTS]", False),
+            (" It is 21 C.</s>", True)])]
+    if key == "yi":
+        return [Case(chat_conversation(), [
+            ("You are a helpful bot.<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", False),
+            ("Hello!<|im_end|>", True), ("\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n", False),
+            ("Goodbye.<|im_end|>", True), ("\n", False)])]
+    if key == "glm4":
+        return [Case(tool_conversation(), [
+            ("[gMASK]<sop><|system|>\n" + _GLM_TOOLS + "<|system|>\nYou are a weather bot.<|user|>\nWeather in Paris?"
+             "<|assistant|>", False),
+            ("get_weather\n" + CALL_ARGS + "<|observation|>", True), ("\n{\"temp\": 21}<|assistant|>", False),
+            ("\nIt is 21 C.<|endoftext|>", True)], kwargs={"trust_remote_code": True})]
+    if key == "internlm2_5":
+        return [Case(tool_conversation(), [
+            ("<s><|im_start|>system\nYou are a weather bot.<|im_end|>\n<|im_start|>system name=<|plugin|>\n["
+             + FN_JSON + "]<|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n", False),
+            ("<|action_start|><|plugin|>\n{\"name\": \"get_weather\", \"parameters\": " + CALL_ARGS
+             + "}<|action_end|><|im_end|>", True),
+            ("\n<|im_start|>environment name=<|plugin|>\n{\"temp\": 21}<|im_end|>\n<|im_start|>assistant\n", False),
+            ("It is 21 C.<|im_end|>", True), ("\n", False)], kwargs={"trust_remote_code": True})]
+    raise KeyError(key)
