@@ -39,3 +39,13 @@ def family_dirs(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("families")
     return {key: write_model(family, root / key) for key, family in FAMILIES.items()}
+
+
+@pytest.fixture(autouse=True, scope="package")
+def _leave_torch_cuda_as_found():
+    """MegatronModel's CPU-compatibility module patches torch.cuda.current_device; undo it after this package."""
+    yield
+    if "twinkle_megatron" in sys.modules:
+        from twinkle_megatron import cpu_compat
+
+        cpu_compat.disable()

@@ -448,3 +448,79 @@ def cases(key: str) -> list[Case]:
             ("\n<|im_start|>environment name=<|plugin|>\n{\"temp\": 21}<|im_end|>\n<|im_start|>assistant\n", False),
             ("It is 21 C.<|im_end|>", True), ("\n", False)], kwargs={"trust_remote_code": True})]
     raise KeyError(key)
+
+
+# ------------------------------------------------------------------------------------------- Megatron
+#: families megatron-core builds on CPU through the bridge: {name: (family key, config or None = the family's)}
+MEGATRON_CPU: dict[str, tuple[str, Callable[[int], Any] | None]] = {
+    "qwen3_5": ("qwen3_5", lambda v: qwen3_5_config(v, full_attention_only=True)),
+    "qwen2_5": ("qwen2_5", None),
+    "llama3": ("llama3", None),
+    "mistral": ("mistral", None),
+    "yi": ("yi", None),
+    "deepseek_r1": ("deepseek_r1", lambda v: deepseek_v3_config(v, dense_only=True)),
+    "deepseek_r1_yarn": ("deepseek_r1", lambda v: deepseek_v3_config(
+        v, dense_only=True, max_position_embeddings=2560,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 64})),
+}
+
+
+def megatron_dir(name: str, root: Path, family_dirs: dict[str, Path]) -> Path:
+    """The model directory of a MEGATRON_CPU entry (the family's own directory when its config is the family's)."""
+    key, config = MEGATRON_CPU[name]
+    if config is None:
+        return family_dirs[key]
+    vocab, _ = write_tokenizer(FAMILIES[key], root / name)
+    return write_model(FAMILIES[key], root / name, config=config(vocab))
+
+
+def logits_batch() -> dict[str, torch.Tensor]:
+    """Two rows of tokens inside every family's vocabulary, the second right-padded."""
+    ids = torch.randint(3, 2500, (2, 20), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 14:] = 0
+    return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+def max_logits_diff(model_logits: torch.Tensor, directory: Path, batch: dict[str, torch.Tensor]) -> float:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = hf(**batch).logits
+    real = batch["attention_mask"].bool()
+    return float((model_logits[real] - reference[real]).abs().max())
+
+
+SEED_BATCHES, SEED_ACCUMULATION, SEED_LR = 6, 2, 5e-3
+
+
+def seed_example(model_dir: Path, out_dir: Path, mesh: Any = None) -> dict[str, Any]:
+    """Seed 001's MegatronModel example on a Qwen 3.5 model: a DataLoader over self-cognition rows encoded with
+    Qwen3_5Template, a LoRA adapter, megatron's optimizer, clip_grad_and_step with gradient accumulation.
+
+    Returns the loss of every forward_backward and the saved adapter directory."""
+    from peft import LoraConfig
+
+    from twinkle.dataloader import DataLoader
+    from twinkle.dataset import Dataset, DatasetMeta
+    from twinkle.model import MegatronModel
+    from twinkle.preprocessor import SelfCognitionProcessor
+
+    dataset = Dataset(dataset_meta=DatasetMeta("twinkle://self-cognition", data_slice=range(SEED_BATCHES * 2)))
+    dataset.set_template("Qwen3_5Template", model_id=str(model_dir), max_length=128, truncation_strategy="delete")
+    dataset.map(SelfCognitionProcessor("twinkle大模型", "ModelScope社区"))
+    dataset.encode()
+    dataloader = DataLoader(dataset, batch_size=2, device_mesh=mesh, shuffle=False)
+    model = MegatronModel(model_id=str(model_dir), device_mesh=mesh, mixed_precision="no", remote_group="actor")
+    model.add_adapter_to_model("sft", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
+                               gradient_accumulation_steps=SEED_ACCUMULATION)
+    model.set_optimizer("default", lr=SEED_LR, adapter_name="sft")
+    losses = []
+    for batch in dataloader:
+        losses.append(float(model.forward_backward(inputs=batch, adapter_name="sft")))
+        model.clip_grad_and_step(1.0, gradient_accumulation_steps=SEED_ACCUMULATION, adapter_name="sft")
+    saved = model.save("sft", output_dir=str(out_dir), adapter_name="sft")
+    return {"losses": losses, "saved": str(saved), "steps": model.optimizer_group["sft"].cur_step}
