@@ -1,5 +1,5 @@
 """Megatron column of the family matrix: the bridge's logits equal HF's at TP=1 (here) and TP=2 (one torchrun
-launch, started with this module's first test so it runs while the in-process tests do); seed 001's
+launch, started with the package's first test so it runs while the in-process tests do: conftest.py); seed 001's
 MegatronModel example on a Qwen 3.5 model trains at TP=2 with the losses of TP=1; every family megatron-core
 cannot build on CPU is refused before any weight is read, naming the family and the measured reason.
 
@@ -12,9 +12,6 @@ noise where gradients are tiny, as in tests/megatron/test_tensor_parallel.py).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -42,43 +39,6 @@ from twinkle_megatron.errors import MegatronConfigError
 ATOL = 2e-5
 LOSS_ATOL = 1e-5
 WEIGHT_ATOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def megatron_dirs(family_dirs, tmp_path_factory) -> dict[str, Path]:
-    from family_testing import megatron_dir
-
-    root = tmp_path_factory.mktemp("megatron-families")
-    return {name: megatron_dir(name, root, family_dirs) for name in MEGATRON_CPU}
-
-
-class _Launch:
-    def __init__(self, args: list[str], out: Path) -> None:
-        self.out = out
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self._reports: list[dict] | None = None
-
-    def reports(self) -> list[dict]:
-        if self._reports is None:
-            _, stderr = self.proc.communicate(timeout=500)
-            (self.out / "stderr.log").write_text(stderr)
-            errors = "\n".join(line for line in stderr.splitlines() if "Error" in line)
-            assert self.proc.returncode == 0, f"{errors[-3000:]}\n...\n{stderr[-3000:]}"
-            self._reports = [json.loads((self.out / f"rank{r}.json").read_text()) for r in range(2)]
-        return self._reports
-
-
-@pytest.fixture(scope="module")
-def tp2(megatron_dirs, tmp_path_factory):
-    out = tmp_path_factory.mktemp("families-tp2")
-    (out / "dirs.json").write_text(json.dumps({k: str(v) for k, v in megatron_dirs.items()}))
-    script = Path(__file__).parent / "scripts" / "megatron_tp2.py"
-    launch = _Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                      str(script), str(out), str(out / "dirs.json")], out)
-    yield launch
-    if launch.proc.poll() is None:
-        launch.proc.kill()
-        launch.proc.wait()
 
 
 def megatron(path: Path, **kwargs):
