@@ -178,12 +178,12 @@ BATCHES = {"a": [dict(seed=61, rows=2, length=10), dict(seed=62, rows=3, length=
 TOL = dict(rtol=1e-4, atol=1e-6)
 
 
-def _tenants(base, accumulation=1):
-    model = _multi(base)
-    for i, (tenant, config) in enumerate(TENANTS.items()):
+def _tenants(base, accumulation=1, tenants=TENANTS, optimizer=None, **kwargs):
+    model = _multi(base, **kwargs)
+    for i, (tenant, config) in enumerate(tenants.items()):
         model.acquire_lora(tenant, config)
         _randomise(model, tenant, seed=20 + i)
-        model.set_optimizer("default", lr=1e-2, weight_decay=0.1, adapter_name=tenant)
+        model.set_optimizer("default", lr=1e-2, weight_decay=0.1, adapter_name=tenant, **(optimizer or {}))
         model._group(tenant).gradient_accumulation_steps = accumulation
     return model
 
@@ -197,16 +197,23 @@ def test_forward_backward_multi_equals_each_tenants_forward_backward(base):
 
     fused, sequential = _tenants(base, accumulation=2), _tenants(base, accumulation=2)
     assert isinstance(fused, MultiTenantModel) and fused.tenants() == list(TENANTS)
-    for micro in range(2):
-        batches = {t: make_batch(**BATCHES[t][micro]) for t in TENANTS}
+    _stacked_equals_alone(fused, sequential, BATCHES)
+
+
+def _stacked_equals_alone(fused, sequential, batches_of):
+    """``forward_backward_multi`` of every tenant's micro-batches = each tenant's ``forward_backward``: losses,
+    gradients, norms, stepped weights, metrics."""
+    tenants = list(batches_of)
+    for micro in range(len(batches_of[tenants[0]])):
+        batches = {t: make_batch(**batches_of[t][micro]) for t in tenants}
         got = {t: float(loss) for t, loss in fused.forward_backward_multi(batches).items()}
         assert got == pytest.approx({t: float(sequential.forward_backward(b, adapter_name=t))
                                      for t, b in batches.items()}, rel=1e-5)
-    pairs = [(t, a, b) for t in TENANTS for a, b in zip(_grads(fused, t), _grads(sequential, t), strict=True)]
+    pairs = [(t, a, b) for t in tenants for a, b in zip(_grads(fused, t), _grads(sequential, t), strict=True)]
     assert all(b.abs().sum() > 0 for _, _, b in pairs)
     for _, a, b in pairs:
         torch.testing.assert_close(a, b, **TOL)
-    for tenant in TENANTS:
+    for tenant in tenants:
         fused_norm, norm = (m.clip_grad_norm(1.0, adapter_name=tenant) for m in (fused, sequential))
         assert fused_norm == pytest.approx(norm, rel=1e-4)
         fused.clip_grad_and_step(adapter_name=tenant)
@@ -284,3 +291,42 @@ def test_grpo_with_a_kl_penalty_takes_the_shared_base_as_reference(base):
             torch.testing.assert_close(a, b, **TOL)
         # the tenants' LoRA moves the policy away from the base: a positive KL on top of the same surrogate
         assert want[tenant] > float(without_kl.forward_backward(rollouts[tenant], adapter_name=tenant)) + 1e-4
+
+
+# ------------------------------------------------------------------ slots on lm_head (tied, like the service's model)
+HEAD_TARGETS = [*QKVO, "gate_proj", "up_proj", "down_proj", "lm_head"]
+HEAD_TENANTS = {"h": LoraConfig(r=4, lora_alpha=8, target_modules=HEAD_TARGETS),
+                "n": LoraConfig(r=2, lora_alpha=4, target_modules=QKVO),  # leaves lm_head out
+                "o": LoraConfig(r=3, lora_alpha=6, use_rslora=True, target_modules=["lm_head"])}
+HEAD_BATCHES = {"h": [dict(seed=81, rows=2, length=10)], "n": [dict(seed=82, rows=3, length=7)],
+                "o": [dict(seed=83, rows=1, length=12)]}
+
+
+@pytest.fixture(scope="module")
+def tied_base(tmp_path_factory):
+    return save_hf(hf_model("qwen2", tie_word_embeddings=True), tmp_path_factory.mktemp("multi_lora_tied") / "hf")
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True` and a tied layer:UserWarning")
+def test_slots_on_lm_head_give_pefts_logits_and_the_stacked_step_of_each_tenant(tied_base, tmp_path):
+    # SGD: gradients agree to ~1e-7 (summation order); Adam's first step g/(|g|+eps) would magnify that noise on
+    # clipped near-zero entries beyond the weight tolerance, which is about Adam, not about the stacked step
+    options = dict(tenants=HEAD_TENANTS, target_modules=HEAD_TARGETS, optimizer={"optimizer": "sgd"})
+    fused = _tenants(tied_base, **options)
+    head = fused.gpt.output_layer
+    slot_n = fused.multi_lora.get("n").adapter_name
+    assert not head.lora_A[slot_n].any() and not head.lora_B[slot_n].any()  # untargeted: zero, and never routed
+    batch = make_batch(seed=3)
+    real = batch["attention_mask"].bool()
+    base_logits = _hf_logits(hf_model("qwen2", tie_word_embeddings=True), batch)
+    for tenant in HEAD_TENANTS:
+        path = fused.save(tenant, output_dir=str(tmp_path), adapter_name=tenant)
+        config = json.loads((tmp_path / tenant / "adapter_config.json").read_text())
+        assert ("lm_head" in config["target_modules"]) == (tenant != "n")
+        ours = fused.forward_only(inputs=batch, adapter_name=tenant)["logits"]
+        ref = _hf_logits(PeftModel.from_pretrained(hf_model("qwen2", tie_word_embeddings=True), path).eval(), batch)
+        assert (ours[real] - ref[real]).abs().max() <= ATOL
+        assert (ref - base_logits)[real].abs().max() > 1e-3
+    sequential = _tenants(tied_base, **options)
+    _stacked_equals_alone(fused, sequential, HEAD_BATCHES)
+    assert not head.lora_B[slot_n].any()  # the tenant without lm_head still has nothing there after its step

@@ -68,3 +68,39 @@ def test_a_megatron_base_model_trains_tenants_through_the_client(megatron_server
     assert served.keys() == local.keys()
     for key in local:
         torch.testing.assert_close(served[key], local[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def _sample_a_tenant(server) -> None:
+    """A tenant's snapshot sampled through the client (what an RL loop does between steps)."""
+    client = server.service_client("bob")
+    try:
+        training = client.create_lora_training_client(base_model=BASE_MODEL, rank=2, seed=3).result()
+        sampler = training.save_weights_and_get_sampling_client()
+        sampler.sample(types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=2)).result()
+    finally:
+        client.close("success").result()
+
+
+def test_sampling_from_a_megatron_tenant_is_refused_with_a_400(megatron_server):
+    """The server's sampler (TorchSampler) generates with an HF model only: a Megatron server says so in its
+    capabilities and answers sampling with 400 (tinker.BadRequestError), not a 500; the server keeps serving."""
+    import tinker
+
+    capabilities = megatron_server.rest_client().get_server_capabilities().result()
+    assert [(m.trainable, m.sampleable) for m in capabilities.supported_models] == [(True, False)]
+    with pytest.raises(tinker.BadRequestError, match="this server cannot sample"):
+        _sample_a_tenant(megatron_server)
+    base = megatron_server.service_client("alice").create_sampling_client(base_model=BASE_MODEL)
+    with pytest.raises(tinker.BadRequestError, match="this server cannot sample"):
+        base.sample(types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=2)).result()
+    assert megatron_server.alive()
+    assert "TorchSampler samples on a TransformersModel or MultiLoraTransformersModel, got MultiLoraMegatronModel" in (
+        megatron_server.log.read_text())  # the reason, in the server's log
+
+
+def test_the_refusal_names_why_a_megatron_server_cannot_sample(megatron_server):
+    import tinker
+
+    with pytest.raises(tinker.BadRequestError, match="MultiLoraMegatronModel") as refused:
+        _sample_a_tenant(megatron_server)
+    assert "local mode" not in str(refused.value)

@@ -116,7 +116,37 @@ def main() -> None:
     report.update(several_tenants(path))
     report.update(tenants_batched(path))
     report.update(bf16_lora(path))
+    report.update(lm_head_lora(path, out))
     out.write_text(json.dumps(report))
+
+
+def lm_head_lora(path: Path, out: Path) -> dict:
+    """LoRA on lm_head on the GPU path: megatron's DDP and DistributedOptimizer over the output layer's LoRA, and a
+    dist-checkpoint save and resume of its optimizer state (GPTModel's sharded_state_dict reads the wrapped output
+    layer's weight under its own name, ``output_layer.weight``)."""
+    from peft import LoraConfig
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "lm_head"])
+
+    def fresh_lora():
+        m = model(path)
+        m.add_adapter_to_model("a", config)
+        m.set_optimizer("default", lr=2e-2, adapter_name="a")
+        return m
+
+    straight = run(fresh_lora(), 0, 4, adapter="a")
+    first = fresh_lora()
+    head = run(first, 0, 2, adapter="a")
+    checkpoint = Path(first.save("lm-head-step-2", output_dir=str(out.parent), adapter_name="a", save_optimizer=True))
+    driver = first.optimizer_group["a"].optimizer
+    output_lora = {id(p) for n, p in first.gpt.named_parameters() if n.startswith("output_layer.lora_")}
+    resumed = fresh_lora()
+    resumed.resume_from_checkpoint(str(checkpoint), adapter_name="a")
+    return {"lm_head": {"straight": straight, "resumed": head + run(resumed, 2, 2, adapter="a"),
+                        "files": sorted(p.name for p in checkpoint.iterdir()),
+                        "output_b_max": float(first.gpt.output_layer.lora_B["a"].abs().max()),
+                        "kind": driver.kind, "output_lora_in_chunk": len(output_lora) == 2 and output_lora <= {
+                            id(p) for p in driver.chunks[0].params_with_grad}}}
 
 
 def several_tenants(path: Path, mixed_precision: str = "no") -> dict:

@@ -65,9 +65,10 @@ class Engine:
     """Tinker operations on one shared multi-tenant model (local object or Ray proxy)."""
 
     def __init__(self, model: Any, targets: dict[str, list[str]], *, lora_alpha: int, max_rank: int,
-                 batching: bool, sampler: Any = None) -> None:
+                 batching: bool, sampler: Any = None, no_sampler: str | None = None) -> None:
         self.model = model
         self.sampler = sampler
+        self.no_sampler = no_sampler  # why there is no sampler (told to a client that asks for one)
         self.targets = targets
         self.lora_alpha = lora_alpha
         self.max_rank = max_rank

@@ -23,7 +23,7 @@ class SamplingOps:
 
     def _require_sampler(self) -> None:
         if self.engine.sampler is None:
-            raise ApiError(400, "this server has no sampler (sampling needs the local mode: --infra.mode local).")
+            raise ApiError(400, f"this server cannot sample: {self.engine.no_sampler or 'no sampler was built'}.")
 
     def snapshot_dir(self, model_id: str, sampler_id: str) -> Path:
         return self.dirs.kind_dir(model_id, "sampler_weights").parent / "sampling_sessions" / sampler_id

@@ -69,21 +69,23 @@ def build_service(config: ServerConfig) -> Service:
         # which slice each tenant's rows over the data-parallel ranks, stay exact
         logger.info("batched multi-tenant steps are off with infra.dp_size > 1; tenants take turns")
         batching = False
+    sampler, no_sampler = build_sampler(config, model, tokenizer)
     engine = Engine(model, targets, lora_alpha=config.server.lora_alpha, max_rank=config.server.max_rank,
-                    batching=batching, sampler=build_sampler(config, model, tokenizer))
+                    batching=batching, sampler=sampler, no_sampler=no_sampler)
     arch = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
     service = Service(config, engine, store, CheckpointDirs(work_dir), arch=arch, tokenizer_id=tokenizer)
     service.start()
     return service
 
 
-def build_sampler(config: ServerConfig, model: Any, tokenizer: str | None) -> Any:
-    """A TorchSampler on the shared model's own weights (local mode; a Ray proxy has no local weights).
+def build_sampler(config: ServerConfig, model: Any, tokenizer: str | None) -> tuple[Any, str | None]:
+    """``(TorchSampler on the shared model's own weights, None)``, or ``(None, why not)``: a Ray proxy has no
+    local weights, and a backend without a sampler (Megatron) cannot sample. The reason reaches the client.
 
     The tokenizer serves stop strings; without one only stop token ids work.
     """
     if config.infra.mode != "local":
-        return None
+        return None, "sampling needs the local mode (--infra.mode local): a Ray proxy holds no weights here"
     try:
         from twinkle.registry import resolve
 
@@ -92,10 +94,10 @@ def build_sampler(config: ServerConfig, model: Any, tokenizer: str | None) -> An
             from transformers import AutoTokenizer
 
             loaded = AutoTokenizer.from_pretrained(tokenizer)
-        return resolve("sampler", "TorchSampler")(model, tokenizer=loaded)
+        return resolve("sampler", "TorchSampler")(model, tokenizer=loaded), None
     except Exception as exc:  # noqa: BLE001 - a server without sampling still trains
         logger.warning("no sampler (%s: %s); sampling requests will be refused", type(exc).__name__, exc)
-        return None
+        return None, str(exc)
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -18,7 +18,7 @@ correction bias, and shared experts (``shared_expert`` in Qwen3.5-MoE with its s
 
 LoRA tensors follow their layer: ``<module>.lora_A.weight`` / ``<module>.lora_B.weight``. A LoRA
 on the fused ``linear_qkv`` has one A shared by q, k and v (so the HF adapter repeats it) and a
-B whose rows split like the weight's.
+B whose rows split like the weight's; the output layer's B has the padded vocabulary's rows, like its weight.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ _HF_EXPERT = "model.layers.{layer}.mlp.experts.{expert}."
 RULES: tuple[Rule, ...] = (
     Rule(r"embedding\.word_embeddings\.weight", ("model.embed_tokens.weight",), "vocab"),
     Rule(r"output_layer\.weight", ("lm_head.weight",), "vocab"),
+    Rule(r"output_layer\.lora_A\.weight", ("lm_head.lora_A.weight",)),
+    Rule(r"output_layer\.lora_B\.weight", ("lm_head.lora_B.weight",), "vocab"),
     Rule(r"decoder\.final_layernorm\.weight", ("model.norm.weight",)),
     Rule(r"decoder\.layers\." + _L + r"\.input_layernorm\.weight", ("model.layers.{layer}.input_layernorm.weight",)),
     Rule(r"decoder\.layers\." + _L + r"\.pre_mlp_layernorm\.weight",

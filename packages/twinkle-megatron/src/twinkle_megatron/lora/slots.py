@@ -38,7 +38,13 @@ from twinkle_megatron.lora.inject import (
     with_default_targets,
 )
 from twinkle_megatron.lora.layer import LoraParallelLinear, base_only
-from twinkle_megatron.lora.peft_io import adapter_source, export_adapter, import_adapter, read_adapter
+from twinkle_megatron.lora.peft_io import (
+    adapter_source,
+    drop_base_copies,
+    export_adapter,
+    import_adapter,
+    read_adapter,
+)
 
 #: LoraConfig fields the megatron LoRA layer cannot honour beyond ``check_lora_config``'s, with the allowed value.
 _EXTRA_UNSUPPORTED = {"lora_bias": False, "fan_in_fan_out": False}
@@ -70,7 +76,7 @@ class MegatronSlots:
     def create_slot(self, tenant: LoraTenant) -> None:
         """Add slot ``tenant.adapter_name`` (rank max_r) on every slot layer and snapshot its initial weights."""
         slot = tenant.adapter_name
-        add_lora(self.gpt, slot, tenant.config, seed=tenant.index)
+        add_lora(self.gpt, slot, tenant.config, seed=tenant.index, vocab_size=self.backend.args.vocab_size)
         self._layers = lora_modules(self.gpt)
         self.initial[slot] = {name: (m.lora_A[slot].detach().clone(), m.lora_B[slot].detach().clone(),
                                      m.r[slot], m.scaling[slot])
@@ -213,6 +219,7 @@ class MegatronSlots:
     def _import(self, spec: TenantSpec, tensors: dict[str, torch.Tensor], where: str) -> None:
         """Copy a PEFT adapter of the tenant's r and layers into its slot; every key and shape checked first."""
         args, layout = self.backend.args, self.backend.layout
+        tensors = drop_base_copies(self.gpt, tensors, args, layout, where)
         current = export_adapter(self.gpt, spec.slot, args, layout)
         wanted = set(hf_target_modules(spec.suffixes))
         expected = {k: tuple((v[:spec.r] if ".lora_A." in k else v[:, :spec.r]).shape)

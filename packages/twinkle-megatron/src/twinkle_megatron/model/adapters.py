@@ -77,7 +77,7 @@ class LoraAdapters:
         check_lora_config(config)
         suffixes = target_suffixes(config)
         first = not self.info
-        add_lora(backend.gpt, name, config, seed=len(self.info))
+        add_lora(backend.gpt, name, config, seed=len(self.info), vocab_size=backend.args.vocab_size)
         backend.active_group = None  # add_lora switched every layer to the new adapter
         if weights is not None:
             try:
