@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from family_testing import FAMILIES, cases
+from family_cases import cases
+from family_testing import FAMILIES
 from peft import LoraConfig, PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM
 

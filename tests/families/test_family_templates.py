@@ -5,7 +5,8 @@ calls, the end-of-turn token), and the thinking switch of Qwen 3.5 and DeepSeek 
 from __future__ import annotations
 
 import pytest
-from family_testing import FAMILIES, cases, load_tokenizer
+from family_cases import cases
+from family_testing import FAMILIES, load_tokenizer
 
 import twinkle.template as templates
 
@@ -76,7 +77,7 @@ def test_slow_tokenizer_refuses_a_span_edge_inside_a_token(family_dirs):
 
 
 def test_families_without_a_tool_format_refuse_tools(family_dirs):
-    from family_testing import tool_conversation
+    from family_cases import tool_conversation
 
     from twinkle.dataset import DataError
 
