@@ -6,8 +6,7 @@ Measured reasons kept in the tests (docs/models.md):
 - DeepSeek V4's grouped output projection (``o_a_proj``, ``DeepseekV4GroupedLinear``) is an ``nn.Linear``
   subclass whose forward reshapes its input per group; peft's LoRA layer wraps it as a plain linear and the
   forward fails on the shapes ("size of tensor a (16) must match ... (32)"), so ``all-linear`` excludes it.
-- InternLM2.5 is remote code: TransformersModel needs ``trust_remote_code=True`` and, until twinkle-hf's
-  ``choose_model_cls`` forwards it to ``AutoConfig``, the config loaded with it (``config=``).
+- InternLM2.5 is remote code: TransformersModel needs ``trust_remote_code=True`` (which also reads its config).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import torch
 from family_cases import cases
 from family_testing import FAMILIES
 from peft import LoraConfig, PeftModel
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 import twinkle.template as templates
 from twinkle.model import TransformersModel
@@ -45,8 +44,7 @@ def test_family_lora_trains_saves_and_loads_in_peft(family_dirs, key, tmp_path):
     template = getattr(templates, family.template)(model_id=path, trust_remote_code=remote_tokenizer)
     rows = [template.encode(case.row) for case in cases(key)]
 
-    extra = {"config": AutoConfig.from_pretrained(path, trust_remote_code=True)} if family.remote_model else {}
-    model = TransformersModel(model_id=path, mixed_precision="no", trust_remote_code=family.remote_model, **extra)
+    model = TransformersModel(model_id=path, mixed_precision="no", trust_remote_code=family.remote_model)
     assert type(model.model).__name__ == family.architecture
     model.add_adapter_to_model("sft", lora_config(key))
     model.set_optimizer("AdamW", lr=LR, adapter_name="sft")
