@@ -20,6 +20,7 @@ from twinkle_server.paths import CheckpointDirs, PathError, parse_checkpoint_id,
 from twinkle_server.scheduler import Scheduler, Work
 from twinkle_server.store import Store
 from twinkle_server.wire import (
+    Limits,
     Sampled,
     WireError,
     decode_step_request,
@@ -107,7 +108,7 @@ def test_forward_backward_requests_decode_from_the_clients_own_encoding():
                                                                      sparse_col_indices=[2])})
     message = _request([dense, sparse], config={"clip_low_threshold": 0.7, "clip_high_threshold": 1.3})
     message.forward_only = True
-    step = decode_step_request(message.SerializeToString(), max_length=16)
+    step = decode_step_request(message.SerializeToString(), Limits(max_length=16, max_tokens=64))
     assert (step.model_id, step.seq_id, step.loss_fn, step.forward_only) == (MODEL, 7, "ppo", True)
     assert step.loss_fn_config == {"clip_low_threshold": pytest.approx(0.7), "clip_high_threshold": pytest.approx(1.3)}
     assert step.rows[0] == {"input_ids": [5, 6, 7], "target_tokens": [6, 7, 8], "weights": [0.0, 1.0, 0.5],
@@ -119,7 +120,7 @@ def test_forward_backward_requests_decode_from_the_clients_own_encoding():
 @pytest.mark.parametrize("body,words", [
     (b"\xff\xff\xff", "not a valid protobuf"),
     ("too_long", "at most 4 per datum"),
-    ("bad_length", "has 2 values for 3 input tokens"),
+    ("bad_length", r"2 values\) for 3 input tokens"),
     ("unknown_input", "built-in losses read"),
     ("nan", "NaN or infinite"),
     ("empty", "no data"),
@@ -139,7 +140,7 @@ def test_bad_forward_backward_bodies_are_clear_errors(body, words):
         del message.data[:]
         body = message.SerializeToString()
     with pytest.raises(WireError, match=words):
-        decode_step_request(body, max_length=4)
+        decode_step_request(body, Limits(max_length=4, max_tokens=64))
 
 
 def test_outputs_decode_with_the_clients_own_decoders():
@@ -280,6 +281,8 @@ class _IdleEngine:
 
     batching = False
     sampler = None
+    slots = 4
+    vocab_size = None
     targets = {"attn": ["q_proj"], "mlp": [], "unembed": []}
 
 

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from twinkle_server.auth import KeyStore
-from twinkle_server.config import ServerConfig
+from twinkle_server.config import ServerConfig, hub_id
 from twinkle_server.engine import Engine
 from twinkle_server.paths import CheckpointDirs
 from twinkle_server.service import Service
 from twinkle_server.store import Store
-from twinkle_server.targets import layer_families, tokenizer_dir
+from twinkle_server.targets import layer_families, tokenizer_dir, vocab_size
 
 logger = logging.getLogger("twinkle_server")
 
@@ -69,10 +69,16 @@ def build_service(config: ServerConfig) -> Service:
         # which slice each tenant's rows over the data-parallel ranks, stay exact
         logger.info("batched multi-tenant steps are off with infra.dp_size > 1; tenants take turns")
         batching = False
-    engine = Engine(model, targets, lora_alpha=config.server.lora_alpha, max_rank=config.server.max_rank,
-                    batching=batching, sampler=build_sampler(config, model, tokenizer))
+    server = config.server
+    engine = Engine(model, targets, lora_alpha=server.lora_alpha, max_rank=server.max_rank, batching=batching,
+                    sampler=build_sampler(config, model, tokenizer), slots=server.max_tenants, work_dir=work_dir,
+                    # ray mode: the actors write the pages; only the work dir is theirs and ours alike
+                    page_memory_bytes=int(server.page_memory_mb * 1024 * 1024) if config.infra.mode == "local" else 0,
+                    grad_hold_s=server.grad_hold_s,
+                    vocab_size=vocab_size(model_path))
     arch = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
-    service = Service(config, engine, store, CheckpointDirs(work_dir), arch=arch, tokenizer_id=tokenizer)
+    tokenizer_id = hub_id(config.model.model_id) or tokenizer
+    service = Service(config, engine, store, CheckpointDirs(work_dir), arch=arch, tokenizer_id=tokenizer_id)
     service.start()
     return service
 
@@ -163,6 +169,7 @@ def _housekeeping(service: Service, stop: threading.Event) -> None:
     while not stop.wait(5.0):
         try:
             service.expire_sessions()
+            service.expire_checkpoints()
             service.futures.prune()
             if every and time.monotonic() - last_log >= every:
                 last_log = time.monotonic()

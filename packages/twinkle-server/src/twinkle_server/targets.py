@@ -45,3 +45,19 @@ def tokenizer_dir(model_path: str) -> str | None:
     """The model directory when it holds a tokenizer (the client's ``get_tokenizer`` loads it from there)."""
     path = Path(model_path)
     return str(path) if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")) else None
+
+
+def vocab_size(model_path: str, model_cls: Any = None) -> int:
+    """How many token ids the model takes: the smaller of its input and output embedding sizes (meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    cls = model_cls or AutoModelForCausalLM
+    with torch.device("meta"):
+        model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)
+    sizes = [model.get_input_embeddings().num_embeddings]
+    output = model.get_output_embeddings()
+    if output is not None:
+        sizes.append(output.out_features)
+    return min(sizes)
