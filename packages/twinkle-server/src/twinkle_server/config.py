@@ -52,7 +52,7 @@ class ServiceConfig(Config):
     max_tokens_per_request: int = opt(16384, "tokens in one forward/forward_backward request at most (the client "
                                              "splits larger batches); bounds one unit of training work", min=1)
     max_num_samples: int = opt(256, "num_samples of one sample request at most", min=1)
-    slice_ms: float = opt(250.0, "fair scheduling: a sample request runs in slices of about this long, so other "
+    slice_ms: float = opt(100.0, "fair scheduling: a sample request runs in slices of about this long, so other "
                                  "keys' work runs in between", gt=0.0)
     max_learning_rate: float = opt(10.0, "AdamParams.learning_rate above this is refused", gt=0.0)
     page_memory_mb: float = opt(1024.0, "host memory (tmpfs) for paged-out models; beyond it they go to the work dir",

@@ -210,7 +210,7 @@ class Pager:
 
     def stats(self) -> dict[str, int]:
         return {"resident": len(self.resident), "paged": len(self.paged), "paged_in_memory": len(self.in_memory),
-                "page_outs": self.page_outs, "page_ins": self.page_ins}
+                "page_out": self.page_outs, "page_in": self.page_ins}
 
 
 def _memory_dir(work_dir: Path) -> Path | None:

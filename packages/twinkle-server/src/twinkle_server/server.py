@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ from twinkle_server.store import Store
 from twinkle_server.targets import layer_families, tokenizer_dir, vocab_size
 
 logger = logging.getLogger("twinkle_server")
+#: The interpreter's thread switch interval while serving (Python's default is 5 ms).
+SWITCH_INTERVAL_S = 0.001
 
 
 def build_model(config: ServerConfig, targets: dict[str, list[str]]) -> Any:
@@ -122,6 +125,9 @@ def serve(config: ServerConfig) -> int:
     from twinkle_server.app import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # the worker thread holds the GIL between torch calls; switching more often keeps the HTTP threads (polls,
+    # submissions, healthz) responsive while it samples or trains
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     keys = _keys(config)
     sock = listen(config.server.host, config.server.port)
     service = build_service(config)

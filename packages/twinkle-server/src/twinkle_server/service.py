@@ -50,6 +50,7 @@ class Service(CheckpointOps, SamplingOps):
         self.arch = arch
         self.tokenizer_id = tokenizer_id
         self.metrics = Metrics()
+        self.metrics.slots = lambda: engine.pager.stats() if hasattr(engine, "pager") else {}
         self.futures = FutureTable(store)
         self.scheduler = Scheduler(self.futures, self.metrics, self._run_steps, batching=engine.batching,
                                    batch_window_s=config.server.batch_window_ms / 1000.0, max_batch=engine.slots)
