@@ -62,6 +62,7 @@ def test_a_heavy_sampler_does_not_starve_another_keys_training(server, alice, bo
         assert "cancelled" in answer["error"]
     solo += _step_latencies(training, datums, 3)
     ratio = statistics.median(contended) / statistics.median(solo)
-    print(f"{queued} of the 16 sample requests still queued at the end; trainer step latency: solo median {statistics.median(solo):.3f}s, under the 4096x120 sampler "
-          f"{statistics.median(contended):.3f}s, ratio {ratio:.2f}")
+    print(f"{queued} of the 16 sample requests still queued at the end; trainer step latency: solo median "
+          f"{statistics.median(solo):.3f}s, under the 4096x120 sampler {statistics.median(contended):.3f}s, "
+          f"ratio {ratio:.2f}")
     assert ratio <= 3.0

@@ -38,7 +38,7 @@ def _peak_rss_kb(server) -> int:
 
 
 def _sparse_bomb(model_id: str, seq_id: int) -> bytes:
-    """~150 bytes declaring target_tokens of shape [1, 250M] with one value (what the client's sparse encoding allows)."""
+    """~150 bytes declaring target_tokens of shape [1, 250M] with one value (the client's sparse encoding allows it)."""
     message = pb.ForwardBackwardRequest(model_id=model_id, seq_id=seq_id, loss_fn="cross_entropy")
     datum = message.data.add()
     datum.model_input.add().encoded_text.tokens = np.asarray([5, 6, 7], dtype=np.int32).tobytes()
