@@ -33,9 +33,8 @@ LOCAL = {"HuggingFaceH4/no_robots": NO_ROBOTS, "openai/gsm8k": GSM8K}
 
 def _patch() -> None:
     import datasets
-    from transformers import AutoTokenizer
-
     from tinker_cookbook import model_info, tokenizer_utils
+    from transformers import AutoTokenizer
 
     tokenizer_utils.register_tokenizer(MODEL, lambda: AutoTokenizer.from_pretrained(TOKENIZER))
     recommended = model_info.get_recommended_renderer_names

@@ -13,7 +13,8 @@ from tinker import types
 
 
 def _listed(server, training) -> dict[str, object]:
-    return {c.tinker_path: c for c in server.rest_client("alice").list_checkpoints(training.model_id).result().checkpoints}
+    listed = server.rest_client("alice").list_checkpoints(training.model_id).result().checkpoints
+    return {c.tinker_path: c for c in listed}
 
 
 def test_ttls_set_expiry_and_expired_checkpoints_are_deleted(server, alice):
