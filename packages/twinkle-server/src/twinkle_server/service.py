@@ -23,6 +23,7 @@ from twinkle_server.futures import FutureRecord, FutureTable, Result
 from twinkle_server.metrics import Metrics
 from twinkle_server.ops_checkpoints import CheckpointOps
 from twinkle_server.ops_sampling import SamplingOps
+from twinkle_server.paging import SlotsBusy
 from twinkle_server.paths import CheckpointDirs
 from twinkle_server.scheduler import Scheduler, Work
 from twinkle_server.store import Store
@@ -217,12 +218,17 @@ class Service(CheckpointOps, SamplingOps):
     def _create(self, owner: str, model_id: str, request: Any, lora: dict[str, Any]) -> Result:
         try:
             version = self.engine.create(model_id, lora)
-        finally:
+        except SlotsBusy:
+            raise  # the scheduler runs it again in a moment: still pending
+        except BaseException:
             with self._lock:
                 self._creating.pop(model_id, None)  # a failed create can be sent again
+            raise
         self.store.add_model(model_id, owner, request.session_id, self.config.base_model_name, lora,
                              request.user_metadata)
         self.store.set_weights_version(model_id, version)
+        with self._lock:
+            self._creating.pop(model_id, None)  # the registry answers for it now
         self.scheduler.expect(model_id, 1)
         return Result({"type": "create_model", "model_id": model_id})
 
