@@ -75,7 +75,8 @@ class Engine:
 
     def __init__(self, model: Any, targets: dict[str, list[str]], *, lora_alpha: int, max_rank: int,
                  batching: bool, sampler: Any = None, slots: int = 1, work_dir: Path | None = None,
-                 page_memory_bytes: int = 0, grad_hold_s: float = 60.0, vocab_size: int | None = None) -> None:
+                 page_memory_bytes: int = 0, grad_hold_s: float = 60.0, vocab_size: int | None = None,
+                 template: tuple[str, str] | None = None) -> None:
         import tempfile
 
         self.model = model
@@ -85,10 +86,11 @@ class Engine:
         self.max_rank = max_rank
         self.batching = batching
         self.vocab_size = vocab_size
+        self.template = template  # (VL template name, model id): a vision-language model's tenants collate images
         self.weights_version: dict[str, str] = {}
         root = work_dir if work_dir is not None else Path(tempfile.mkdtemp(prefix="twinkle-server-"))
         self.pager = Pager(model, slots, root, memory_bytes=page_memory_bytes, grad_hold_s=grad_hold_s,
-                           reset_optimizer=self._set_optimizer)
+                           reset_optimizer=self._setup_tenant)
 
     @property
     def slots(self) -> int:
@@ -124,7 +126,7 @@ class Engine:
         def acquire() -> None:
             self.model.acquire_lora(tenant, config, seed=lora.get("seed"))
             try:
-                self._set_optimizer(tenant)
+                self._setup_tenant(tenant)
             except BaseException:
                 self.model.release_lora(tenant)
                 raise
@@ -139,7 +141,7 @@ class Engine:
         def acquire() -> None:
             self.model.load_lora(tenant, str(directory))
             try:
-                self._set_optimizer(tenant)
+                self._setup_tenant(tenant)
                 if optimizer:
                     self.model.resume_from_checkpoint(str(directory), adapter_name=tenant)
             except BaseException:
@@ -157,6 +159,13 @@ class Engine:
     def _new_version(self, model_id: str) -> str:
         self.weights_version[model_id] = "v" + secrets.token_hex(8)
         return self.weights_version[model_id]
+
+    def _setup_tenant(self, tenant: str) -> None:
+        """A tenant's components: Tinker's Adam, and for a vision-language model the VL template (images)."""
+        self._set_optimizer(tenant)
+        if self.template is not None:
+            name, model_id = self.template
+            self.model.set_template(name, adapter_name=tenant, model_id=model_id)
 
     def _set_optimizer(self, tenant: str) -> None:
         """The backend's own Adam(W) (``'default'``: torch AdamW, megatron-core's distributed Adam) with Tinker's

@@ -104,10 +104,10 @@ class SamplingOps:
         if unsupported:
             raise ApiError(400, f"{', '.join(unsupported)} are not supported by this server; sample without them "
                                 "(prompt_logprobs and prompt_logprobs_last_n are).")
-        try:
-            prompt = request.prompt.to_ints()
-        except ValueError:
-            raise ApiError(400, "only text prompts (ModelInput.from_ints) can be sampled here.") from None
+        if any(getattr(chunk, "type", "encoded_text") != "encoded_text" for chunk in request.prompt.chunks):
+            raise ApiError(400, "sampling a prompt with image chunks is not supported by this server yet (its "
+                                "TorchSampler takes token prompts); training and forward() take images.")
+        prompt = request.prompt.to_ints()
         server = self.config.server
         if not prompt:
             raise ApiError(400, "sample needs a non-empty prompt.")

@@ -21,6 +21,7 @@ from typing import Any
 from twinkle_server.auth import KeyStore
 from twinkle_server.config import ServerConfig, hub_id
 from twinkle_server.engine import Engine
+from twinkle_server.images import ImageInputs, template_name
 from twinkle_server.paths import CheckpointDirs
 from twinkle_server.service import Service
 from twinkle_server.store import Store
@@ -67,6 +68,11 @@ def build_service(config: ServerConfig) -> Service:
     model = build_model(config, targets)
     tokenizer = tokenizer_dir(model_path)
     batching = config.server.batching
+    images = ImageInputs.for_model(model_path, config.model.model_id)
+    if batching and images is not None:
+        logger.info("batched multi-tenant steps are off for a vision-language model (rows carry images); tenants "
+                    "take turns")
+        batching = False
     if batching and config.infra.mode == "ray" and config.infra.dp_size > 1:
         # forward_backward_multi reaches every rank with all rows (no per-tenant data split): per-tenant steps,
         # which slice each tenant's rows over the data-parallel ranks, stay exact
@@ -78,10 +84,12 @@ def build_service(config: ServerConfig) -> Service:
                     # ray mode: the actors write the pages; only the work dir is theirs and ours alike
                     page_memory_bytes=int(server.page_memory_mb * 1024 * 1024) if config.infra.mode == "local" else 0,
                     grad_hold_s=server.grad_hold_s,
-                    vocab_size=vocab_size(model_path))
+                    vocab_size=vocab_size(model_path),
+                    template=None if images is None else (template_name(model_path), config.model.model_id))
     arch = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
     tokenizer_id = hub_id(config.model.model_id) or tokenizer
     service = Service(config, engine, store, CheckpointDirs(work_dir), arch=arch, tokenizer_id=tokenizer_id)
+    service.limits.images = images
     service.start()
     return service
 

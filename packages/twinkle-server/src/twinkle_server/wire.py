@@ -33,13 +33,14 @@ class WireError(ValueError):
     """A request body that cannot be decoded or does not make sense; the message says what is wrong."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Limits:
     """What one forward/forward_backward request may hold, checked before anything is expanded."""
 
     max_length: int  # tokens per datum
     max_tokens: int  # tokens per request
     vocab_size: int | None = None  # token ids must be below it
+    images: Any = None  # a twinkle_server.images.ImageInputs for a vision-language model, else None
 
 
 @dataclass
@@ -77,7 +78,7 @@ def decode_step_request(body: bytes, limits: Limits | int) -> StepRequest:
         raise WireError("ForwardBackwardRequest.model_id is empty.")
     if not message.data:
         raise WireError("ForwardBackwardRequest has no data (send at least one Datum).")
-    counts = [_token_count(i, datum, limits.max_length) for i, datum in enumerate(message.data)]
+    counts = [_token_count(i, datum, limits) for i, datum in enumerate(message.data)]
     if sum(counts) > limits.max_tokens:
         raise WireError(f"this request holds {sum(counts)} tokens; this server takes at most {limits.max_tokens} per "
                         "forward/forward_backward request (server.max_tokens_per_request): send fewer datums per "
@@ -85,19 +86,23 @@ def decode_step_request(body: bytes, limits: Limits | int) -> StepRequest:
     config: dict[str, float | str] = dict(message.loss_fn_config)
     for key, value in message.loss_fn_config_v2.items():  # v2 wins, as the client's dual-write expects
         config[key] = value.text if value.WhichOneof("value") == "text" else value.number
-    rows = [_decode_datum(i, datum, limits.vocab_size) for i, datum in enumerate(message.data)]
+    rows = [_decode_datum(i, datum, limits) for i, datum in enumerate(message.data)]
     return StepRequest(message.model_id, int(message.seq_id), message.loss_fn or "cross_entropy", config,
                        bool(message.forward_only), rows)
 
 
-def _token_count(index: int, datum: Any, max_length: int) -> int:
-    """The datum's input length from its chunks' byte sizes (nothing decoded yet)."""
+def _token_count(index: int, datum: Any, limits: Limits) -> int:
+    """The datum's input length from its chunks' byte sizes and image headers (no token list built yet)."""
     count = 0
-    for chunk in datum.model_input:
+    for k, chunk in enumerate(datum.model_input):
         kind = chunk.WhichOneof("chunk")
+        if kind == "image" and limits.images is not None:
+            count += _image_tokens(index, k, chunk.image, limits.images)
+            continue
         if kind != "encoded_text":
-            raise WireError(f"data[{index}]: {kind or 'empty'} chunks are not supported by this server (text "
-                            "tokens only: ModelInput.from_ints(...)).")
+            what = "image chunks need a vision-language base model" if kind == "image" else \
+                f"{kind or 'empty'} chunks are not supported by this server"
+            raise WireError(f"data[{index}]: {what} (this one takes text tokens: ModelInput.from_ints(...)).")
         size = len(chunk.encoded_text.tokens)
         if size % 4:
             raise WireError(f"data[{index}]: an encoded_text chunk has {size} bytes, not a whole number of int32 "
@@ -105,9 +110,23 @@ def _token_count(index: int, datum: Any, max_length: int) -> int:
         count += size // 4
     if not count:
         raise WireError(f"data[{index}] has no input tokens.")
-    if count > max_length:
-        raise WireError(f"data[{index}] has {count} tokens; this server takes at most {max_length} per datum "
+    if count > limits.max_length:
+        raise WireError(f"data[{index}] has {count} tokens; this server takes at most {limits.max_length} per datum "
                         "(server.max_length).")
+    return count
+
+
+def _image_tokens(index: int, k: int, image: Any, images: Any) -> int:
+    from twinkle_server.images import ImageError
+
+    where = f"data[{index}].model_input.chunks[{k}]"
+    try:
+        count = images.tokens(image.data, image.format, where)
+    except ImageError as exc:
+        raise WireError(str(exc)) from None
+    if image.expected_tokens and image.expected_tokens != count:
+        raise WireError(f"{where}: this image takes {count} tokens for this model (its processor), not "
+                        f"expected_tokens={image.expected_tokens}; compute it for this model or leave it unset.")
     return count
 
 
@@ -123,11 +142,31 @@ def check_token_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> N
                         f"must be {allowed}.")
 
 
-def _decode_datum(index: int, datum: Any, vocab_size: int | None) -> dict[str, Any]:
-    tokens = np.concatenate([np.frombuffer(chunk.encoded_text.tokens, dtype="<i4") for chunk in datum.model_input])
+def _decode_datum(index: int, datum: Any, limits: Limits) -> dict[str, Any]:
+    vocab_size = limits.vocab_size
+    pieces, images = [], []
+    for k, chunk in enumerate(datum.model_input):
+        if chunk.WhichOneof("chunk") == "image":
+            count = _image_tokens(index, k, chunk.image, limits.images)
+            start = limits.images.vision_start_id
+            if start is not None and (not pieces or not pieces[-1].size or int(pieces[-1][-1]) != start):
+                raise WireError(f"data[{index}].model_input.chunks[{k}]: an image must follow the vision-start token "
+                                f"({start}) in the text before it, as the model's chat template writes it.")
+            pieces.append(np.full(count, limits.images.image_token_id, dtype="<i4"))
+            images.append(bytes(chunk.image.data))
+        else:
+            text = np.frombuffer(chunk.encoded_text.tokens, dtype="<i4")
+            if limits.images is not None and (text == limits.images.image_token_id).any():
+                raise WireError(f"data[{index}].model_input.chunks[{k}] holds the image token "
+                                f"({limits.images.image_token_id}) as text; send images as image chunks "
+                                "(types.ImageChunk).")
+            pieces.append(text)
+    tokens = np.concatenate(pieces)
     check_token_ids(tokens, vocab_size, f"data[{index}].model_input")
     length = int(tokens.size)
     row: dict[str, Any] = {"input_ids": tokens.astype(np.int64).tolist()}
+    if images:
+        row["images"] = images
     for name, tensor in datum.loss_fn_inputs.items():
         if name not in LOSS_INPUTS:
             raise WireError(f"data[{index}].loss_fn_inputs has {name!r}; the built-in losses read "
