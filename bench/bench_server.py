@@ -15,7 +15,8 @@ directory (``--model`` takes any other model id, e.g. ``twinkle://tiny-qwen``).
 
     python bench/bench_server.py [--steps 4] [--repeats 2] [--rows 4] [--length 64] [--ks 1,2,4] [--model PATH]
 
-``--fairness`` measures the scheduler instead, on one server with default options: K = 1, 4, 16
+``--fairness`` measures the scheduler instead, on one server with default options but its slots
+(``--slots``, default max K + 1, so that paging does not mix into the measure): K = 1, 4, 16
 training clients, each with its own API key, run the same loop while one more key (the hostile
 one) keeps sampling ``--hostile-samples`` x 120 tokens per request. Reported per K: total training
 tokens/s, p50/p95 step latency of the training clients under the hostile sampler and alone (the
@@ -213,9 +214,9 @@ def fairness(args: argparse.Namespace) -> dict:
         keys_file = root / "keys.txt"
         keys = [add_key(keys_file, f"trainer{i}") for i in range(max(ks))]
         hostile_key = add_key(keys_file, "hostile")
-        proc, url = start(args.model, root / "server", keys_file, True, 4)
-        base_model = tinker.ServiceClient(base_url=url, api_key=hostile_key).create_rest_client() \
-            .get_server_capabilities().result().supported_models[0].model_name
+        proc, url = start(args.model, root / "server", keys_file, True, args.slots or max(ks) + 1)
+        base_model = tinker.RestClient(base_url=url, api_key=hostile_key).get_server_capabilities().result() \
+            .supported_models[0].model_name
         try:
             for k in ks:
                 alone = train_keys(url, keys[:k], base_model, args.steps, args.rows, args.length)
@@ -259,6 +260,7 @@ def fairness(args: argparse.Namespace) -> dict:
                     "hostile_sampled_tokens_per_s_finished_requests": sampled[0] / seconds,
                     "jain_index_training_keys": jain(contended["per_key_tokens_per_s"]),
                 }
+                print(json.dumps({f"K={k}": results[f"K={k}"]}), file=sys.stderr, flush=True)
         finally:
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
@@ -277,6 +279,8 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--fairness", action="store_true", help="the fairness bench instead (see above)")
     parser.add_argument("--hostile-samples", type=int, default=256)
+    parser.add_argument("--slots", type=int, default=0, help="--fairness: server.max_tenants (0: max K + 1, so "
+                                                              "paging does not mix into the measure)")
     args = parser.parse_args()
     if args.fairness:
         args.model = args.model or "twinkle://tiny-qwen"
