@@ -25,7 +25,8 @@ NO_ROBOTS = [{"messages": [{"role": "user", "content": question}, {"role": "assi
              for question, answer in [("Who are you?", "I am twinkle, a training workbench."),
                                       ("What do you do?", "I train language models on one CPU or many GPUs."),
                                       ("Who made you?", "The twinkle developers made me."),
-                                      ("What is LoRA?", "A low-rank adapter trained on a frozen base model.")] * 2]
+                                      ("What is LoRA?", "A low-rank adapter trained on a frozen base model.")] * 32]
+# 128 rows: one batch of sl_basic's fixed batch size (chz cannot override a field of its dataset builder)
 GSM8K = [{"question": f"What is {a} plus {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
          for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 2), (4, 4), (6, 1), (9, 0)]]
 LOCAL = {"HuggingFaceH4/no_robots": NO_ROBOTS, "openai/gsm8k": GSM8K}

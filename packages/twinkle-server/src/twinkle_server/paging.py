@@ -60,10 +60,14 @@ class Pager:
         self.memory_bytes = memory_bytes
         self.disk_dir = work_dir / "paged"
         self.memory_dir = _memory_dir(work_dir) if memory_bytes > 0 else None
+        if self.memory_dir is not None:
+            _remove_orphans(self.memory_dir.parent)
         for root in (self.disk_dir, self.memory_dir):
             if root is not None:
                 shutil.rmtree(root, ignore_errors=True)  # pages of an earlier run describe nothing now
                 root.mkdir(parents=True, exist_ok=True)
+        if self.memory_dir is not None:
+            (self.memory_dir / "owner.pid").write_text(str(os.getpid()))
         self.resident: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self.paged: dict[str, tuple[Entry, Path | None]] = {}  # a sample entry has no page directory
         self.in_memory: OrderedDict[str, int] = OrderedDict()  # paged names in the memory tier -> bytes
@@ -208,6 +212,11 @@ class Pager:
             shutil.move(str(directory), str(target))
             self.paged[name] = (entry, target)
 
+    def close(self) -> None:
+        """Free the host memory the pages hold (at shutdown; the models' state is gone with the process)."""
+        if self.memory_dir is not None:
+            shutil.rmtree(self.memory_dir, ignore_errors=True)
+
     def stats(self) -> dict[str, int]:
         return {"resident": len(self.resident), "paged": len(self.paged), "paged_in_memory": len(self.in_memory),
                 "page_out": self.page_outs, "page_in": self.page_ins}
@@ -220,6 +229,19 @@ def _memory_dir(work_dir: Path) -> Path | None:
         return None
     digest = hashlib.sha256(str(work_dir).encode()).hexdigest()[:16]
     return shm / f"twinkle-server-{digest}"
+
+
+def _remove_orphans(shm: Path) -> None:
+    """Memory pages left by servers that were killed (their process is gone): host memory, freed."""
+    for directory in shm.glob("twinkle-server-*"):
+        try:
+            pid = int((directory / "owner.pid").read_text())
+            os.kill(pid, 0)
+            continue  # its server runs
+        except PermissionError:
+            continue  # another user's server runs
+        except (OSError, ValueError):
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _size(directory: Path) -> int:

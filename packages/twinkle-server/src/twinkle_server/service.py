@@ -84,6 +84,9 @@ class Service(CheckpointOps, SamplingOps):
 
     def stop(self) -> None:
         self.scheduler.stop()
+        pager = getattr(self.engine, "pager", None)
+        if pager is not None:
+            pager.close()
 
     # ----------------------------------------------------------------- helpers
     def session_row(self, owner: str, session_id: str, *, open_only: bool = True) -> dict[str, Any]:
