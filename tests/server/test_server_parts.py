@@ -482,3 +482,41 @@ def test_served_names_have_no_colon():
     config = ServerConfig()
     assert config.base_model_name == "twinkle/tiny-qwen"
     assert config.base_model_aliases == ("twinkle/tiny-qwen", "twinkle://tiny-qwen")
+
+
+def test_sliced_work_takes_turns_with_other_keys_and_can_wait_for_a_slot(table):
+    """A sliced request (a generator) runs one slice per turn; a light key's request runs between two slices;
+    a slice that found every slot busy (RETRY) runs again later; cancelling stops it after its slice."""
+    from twinkle_server.scheduler import RETRY
+
+    order: list[str] = []
+
+    def heavy():
+        for i in range(4):
+            order.append(f"slice{i}")
+            yield RETRY if i == 1 else None
+        return Result({"done": True})
+
+    def heavy_forever():
+        while True:
+            order.append("forever")
+            yield None
+
+    scheduler = Scheduler(table, Metrics(), _Recorder(), batching=False)
+    big = Work(table.create("bob", None, "sample"), "sample", None, None, run=heavy)
+    scheduler.submit(big)
+    scheduler.start()
+    time.sleep(0.05)
+    light = Work(table.create("alice", None, "optim_step"), "optim_step", None, None,
+                 run=lambda: order.append("light") or Result({}))
+    scheduler.submit(light)
+    _wait([big.future, light.future])
+    assert big.future.result.json == {"done": True} and order.count("light") == 1
+    assert order.index("light") < order.index("slice3")  # it did not wait for the whole request
+    endless = Work(table.create("bob", None, "sample"), "sample", None, None, run=heavy_forever)
+    scheduler.submit(endless)
+    time.sleep(0.05)
+    scheduler.drop(lambda w: w.future.id == endless.future.id, "cancelled by the client (cancel_future)")
+    _wait([endless.future])
+    assert endless.future.state == "failed" and "cancelled" in endless.future.error
+    scheduler.stop()

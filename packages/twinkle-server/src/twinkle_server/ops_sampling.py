@@ -28,7 +28,9 @@ import numpy as np
 from twinkle_server.errors import ApiError, not_found
 from twinkle_server.futures import Result
 from twinkle_server.ops_checkpoints import expiry
+from twinkle_server.paging import SlotsBusy
 from twinkle_server.paths import CheckpointRef
+from twinkle_server.scheduler import RETRY
 from twinkle_server.wire import Sampled, WireError, check_token_ids, sample_json, sample_response
 
 #: Sequences sampled together in one slice at most.
@@ -131,7 +133,10 @@ class SamplingOps:
         if last_n is not None and not 1 <= last_n <= len(prompt) - 1:
             raise ApiError(400, f"prompt_logprobs_last_n={last_n} must be in 1..len(prompt)-1 = {len(prompt) - 1}.")
         directory = self._sampler_weights(row)
-        sampler_key = f"{row['id']}@{int(directory.stat().st_mtime_ns) if directory is not None else 0}"
+        try:  # a checkpoint saved again under the same name (overwrite=True) is other weights: another slot
+            sampler_key = f"{row['id']}@{directory.stat().st_mtime_ns if directory is not None else 0}"
+        except FileNotFoundError:
+            raise not_found("sampler weights", row["model_path"]) from None
 
         def run() -> Iterator[None]:
             return self._sample_slices(sampler_key, row, directory, prompt, params, request.num_samples, max_tokens,
@@ -158,9 +163,13 @@ class SamplingOps:
                 steps = min(steps, max_tokens - len(rows[0][0]))
                 seed = None if params.seed is None else (params.seed * 1_000_003 + slice_number) % 2**63
                 started = time.monotonic()
-                with self.engine.adapter_for(sampler_key, row["model_id"], row["weights_version"],
-                                             directory) as adapter:
-                    outs = self.engine.sample(adapter, [prompt + r[0] for r in rows], params, steps, seed)
+                try:
+                    with self.engine.adapter_for(sampler_key, row["model_id"], row["weights_version"],
+                                                 directory) as adapter:
+                        outs = self.engine.sample(adapter, [prompt + r[0] for r in rows], params, steps, seed)
+                except SlotsBusy:
+                    yield RETRY  # every slot in use: this slice again in a moment
+                    continue
                 seconds_per_token = (time.monotonic() - started) / steps
                 slice_number += 1
                 unfinished = []
@@ -179,9 +188,13 @@ class SamplingOps:
                 rows = unfinished
                 yield
         scored = None
-        if want_logprobs:
-            with self.engine.adapter_for(sampler_key, row["model_id"], row["weights_version"], directory) as adapter:
-                scored = self.engine.prompt_logprobs(adapter, prompt)
+        while want_logprobs and scored is None:
+            try:
+                with self.engine.adapter_for(sampler_key, row["model_id"], row["weights_version"],
+                                             directory) as adapter:
+                    scored = self.engine.prompt_logprobs(adapter, prompt)
+            except SlotsBusy:
+                yield RETRY
             if last_n is not None:
                 scored = [None] * (len(scored) - last_n) + scored[-last_n:]
         return Result(sample_json(done, scored), sample_response(done, scored), persist=False)

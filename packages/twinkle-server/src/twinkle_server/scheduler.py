@@ -44,6 +44,8 @@ REORDER_WAIT_S = 10.0
 ACTIVE_S = 5.0
 #: How long work that found every LoRA slot busy waits before it tries again.
 RETRY_S = 0.2
+#: What a sliced request's generator yields to be run again after ``RETRY_S`` (else: at its next turn).
+RETRY = "retry"
 #: Errors that are the request's fault (the client gets category "user"); anything else is "server".
 USER_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, PermissionError)
 
@@ -280,13 +282,13 @@ class Scheduler:
                 if work.dropped is not None:
                     raise LookupError(work.dropped)
                 try:
-                    next(work.slices)
+                    asked = next(work.slices)
                 except StopIteration as stop:
                     result = stop.value
                 else:
                     if work.dropped is not None:
                         raise LookupError(work.dropped)
-                    self._requeue(work)
+                    self._requeue(work, RETRY_S if asked == RETRY else 0.0)
                     return set()
         except SlotsBusy:
             self._requeue(work, RETRY_S)
