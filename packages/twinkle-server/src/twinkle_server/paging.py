@@ -198,8 +198,12 @@ class Pager:
         self.page_ins += 1
 
     def _page_dir(self, name: str) -> Path:
+        """Memory while the budget and the tmpfs have room for a page (sized like the last ones), else disk."""
         if self.memory_dir is not None and sum(self.in_memory.values()) < self.memory_bytes:
-            return self.memory_dir / name
+            typical = max(self.in_memory.values(), default=64 << 20)
+            stats = os.statvfs(self.memory_dir)
+            if stats.f_bavail * stats.f_frsize > 2 * typical:
+                return self.memory_dir / name
         return self.disk_dir / name
 
     def _spill(self) -> None:
