@@ -153,13 +153,16 @@ class SamplingOps:
         target_s = self.config.server.slice_ms / 1000.0
         done: list[Sampled] = []
         seconds_per_token = None  # per sequence-token step of one slice, measured
+        last_steps = FIRST_SLICE_TOKENS
         slice_number = 0
         for first in range(0, num_samples, SLICE_SEQUENCES):
             count = min(SLICE_SEQUENCES, num_samples - first)
             rows = [([], []) for _ in range(count)]  # (tokens, logprobs) of each unfinished sequence
             while rows:
+                # sized from the last slice's time per token, growing at most 2x a slice (a quiet moment of the
+                # machine must not make the next, busier one long)
                 steps = FIRST_SLICE_TOKENS if seconds_per_token is None else \
-                    max(1, int(target_s / max(seconds_per_token, 1e-6)))
+                    max(1, min(int(target_s / max(seconds_per_token, 1e-6)), 2 * last_steps))
                 steps = min(steps, max_tokens - len(rows[0][0]))
                 seed = None if params.seed is None else (params.seed * 1_000_003 + slice_number) % 2**63
                 started = time.monotonic()
@@ -171,6 +174,7 @@ class SamplingOps:
                     yield RETRY  # every slot in use: this slice again in a moment
                     continue
                 seconds_per_token = (time.monotonic() - started) / steps
+                last_steps = steps
                 slice_number += 1
                 unfinished = []
                 for (tokens, logprobs), out in zip(rows, outs):
