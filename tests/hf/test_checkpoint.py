@@ -29,7 +29,7 @@ def test_layout_and_trainer_state(tmp_path) -> None:
     path = model.save("checkpoint-2", output_dir=str(tmp_path), save_optimizer=True, consumed_train_samples=8)
     names = {p.name for p in (tmp_path / "checkpoint-2").iterdir()}
     assert names == {"adapter_model.safetensors", "adapter_config.json", "optimizer.pt", "scheduler.pt",
-                     "rng_state.pt", "trainer_state.json"}
+                     "rng_state.pt", "trainer_state.json", "manifest.json"}
     state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["cur_step"] == 2 and state["consumed_train_samples"] == 8
     assert state["gradient_accumulation_steps"] == 1 and state["version"] == 1

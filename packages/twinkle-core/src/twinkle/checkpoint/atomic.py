@@ -3,7 +3,8 @@
 :func:`atomic_directory` is the single-process protocol; :func:`shared_atomic_directory` extends it
 to every rank of a torchrun job (one temporary directory, one rename, one decision). Each is split
 in two for writes that finish later (an asynchronous checkpoint): :func:`make_temporary` /
-:func:`commit`, and :func:`shared_temporary` / :func:`shared_commit`.
+:func:`commit`, and :func:`shared_temporary` / :func:`shared_commit`. :func:`discard` deletes a
+checkpoint directory the same careful way, and :func:`clean_stale` removes what a killed run left.
 """
 
 from __future__ import annotations
@@ -149,6 +150,25 @@ def _complete(tmp: Path, final: Path, failed: list[int], finish: Callable[[Path]
             raise
         return exc
     return None
+
+
+def discard(path: str | os.PathLike[str]) -> None:
+    """Delete a checkpoint directory, renamed to a hidden name first: a kill mid-delete leaves only
+    ``.NAME.trash`` (which :func:`clean_stale` removes), never a partial directory under a checkpoint name."""
+    path = Path(path)
+    trash = path.parent / f".{path.name}.trash"
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def clean_stale(root: str | os.PathLike[str]) -> None:
+    """Remove the temporary, replaced and trash directories a killed run left in ``root`` (never checkpoints)."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name or p.name.endswith(".trash")):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:
