@@ -3,9 +3,9 @@
 - :class:`~twinkle.checkpoint.manager.CheckpointManager`: save / load / resume of a model over a backend's
   :class:`~twinkle.checkpoint.manager.CheckpointState` (the protocol a backend implements is documented there).
 - :func:`begin_directory` / :class:`PendingSave`: a directory written under one temporary name by every rank
-  and renamed once all succeeded (:func:`atomic_directory`, :func:`shared_atomic_directory`,
-  :func:`shared_temporary` / :func:`shared_commit` underneath); :func:`discard`, :func:`clean_stale`.
-- :func:`rotate`: keep the newest N of a family of checkpoint directories.
+  and renamed once all succeeded (:func:`shared_atomic_directory`, :func:`shared_temporary` /
+  :func:`shared_commit` underneath); :func:`discard`, :func:`rotate` (the newest N of a family of
+  checkpoints are kept), :func:`clean_stale`.
 - :func:`checkpoint_path` / :func:`save_target`: where a named save goes (never replacing a user's directory).
 - :func:`check_finite`: refuse to save NaN/inf trainable weights (all ranks agree).
 - ``twinkle.checkpoint.manifest``: ``manifest.json`` with every file's size and xxh3 checksum.
@@ -26,6 +26,7 @@ from twinkle.checkpoint.atomic import (
     commit,
     discard,
     make_temporary,
+    rotate,
     shared_atomic_directory,
     shared_commit,
     shared_temporary,
@@ -47,44 +48,14 @@ from twinkle.checkpoint.layout import (
 )
 from twinkle.checkpoint.pending import PendingSave, begin_directory
 from twinkle.checkpoint.rng import capture_rng_state, check_rng_state, restore_rng_state
-from twinkle.checkpoint.rotation import rotate
 from twinkle.checkpoint.state import TRAINER_STATE_VERSION, read_trainer_state, write_trainer_state
 from twinkle.checkpoint.tokenizer import save_tokenizer
 from twinkle.checkpoint.validate import check_optimizer_state, check_state_like
 
-__all__ = [
-    "OPTIMIZER_FILE",
-    "PendingSave",
-    "RNG_FILE",
-    "SCALER_FILE",
-    "SCHEDULER_FILE",
-    "TRAINER_STATE_FILE",
-    "TRAINER_STATE_VERSION",
-    "CheckpointError",
-    "atomic_directory",
-    "begin_directory",
-    "capture_rng_state",
-    "check_finite",
-    "check_optimizer_state",
-    "check_rng_state",
-    "check_state_like",
-    "checkpoint_path",
-    "clean_stale",
-    "commit",
-    "discard",
-    "is_checkpoint_dir",
-    "make_temporary",
-    "read_trainer_state",
-    "require_files",
-    "restore_rng_state",
-    "rotate",
-    "safe_torch_load",
-    "save_target",
-    "save_tokenizer",
-    "shared_atomic_directory",
-    "shared_commit",
-    "shared_temporary",
-    "torch_save",
-    "validate_save_name",
-    "write_trainer_state",
-]
+__all__ = ["OPTIMIZER_FILE", "RNG_FILE", "SCALER_FILE", "SCHEDULER_FILE", "TRAINER_STATE_FILE", "TRAINER_STATE_VERSION",
+           "CheckpointError", "PendingSave", "atomic_directory", "begin_directory", "capture_rng_state", "check_finite",
+           "check_optimizer_state", "check_rng_state", "check_state_like", "checkpoint_path", "clean_stale", "commit",
+           "discard", "is_checkpoint_dir", "make_temporary", "read_trainer_state", "require_files",
+           "restore_rng_state", "rotate", "safe_torch_load", "save_target", "save_tokenizer",
+           "shared_atomic_directory", "shared_commit", "shared_temporary", "torch_save", "validate_save_name",
+           "write_trainer_state"]
