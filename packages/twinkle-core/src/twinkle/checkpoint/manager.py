@@ -16,7 +16,7 @@
 A backend supplies a :class:`CheckpointState`: its model and optimizer state and where they live on
 disk -- nothing else. Its members are documented on the protocol, once, as
 :mod:`twinkle.engine.backend` documents the engine's; a state is any object with them (no base class).
-Rotation of a family of checkpoints is :func:`twinkle.checkpoint.rotation.rotate`.
+Rotation of a family of checkpoints is :func:`twinkle.checkpoint.atomic.rotate`.
 """
 
 from __future__ import annotations
