@@ -35,9 +35,9 @@ def file_checksum(path: str | os.PathLike[str]) -> str:
 def write_manifest(directory: str | os.PathLike[str], **fields: Any) -> Path:
     """Record every file under ``directory`` (size and checksum) plus ``fields``; returns the manifest path."""
     directory = Path(directory)
+    path = directory / MANIFEST_FILE  # a sub-directory's own manifest (a model's inside a Trainer's) is listed
     files = {str(p.relative_to(directory)): {"size": p.stat().st_size, CHECKSUM: file_checksum(p)}
-             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE}
-    path = directory / MANIFEST_FILE
+             for p in sorted(directory.rglob("*")) if p.is_file() and p != path}
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(json.dumps({**fields, "files": files}, indent=2) + "\n")
         handle.flush()

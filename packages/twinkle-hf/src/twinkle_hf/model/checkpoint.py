@@ -28,10 +28,7 @@ class HFCheckpointState:
     def __init__(self, backend: Any, supports_async: bool = True) -> None:
         self.backend = backend
         self.supports_async = supports_async
-
-    @property
-    def model_path(self) -> str | None:
-        return self.backend.model_path
+        self.model_path: str | None = backend.model_path
 
     def rng_file(self, rank: int, world_size: int) -> str:
         """Rank 0 keeps the single-process name; the other ranks' generators sit beside it."""

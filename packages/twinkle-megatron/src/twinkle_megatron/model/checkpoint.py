@@ -43,10 +43,7 @@ class MegatronCheckpointState:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-
-    @property
-    def model_path(self) -> str | None:
-        return self.backend.model_path
+        self.model_path: str | None = backend.model_path
 
     def rng_file(self, rank: int, world_size: int) -> str:
         return RNG_FILE if world_size == 1 else f"rng_state_{rank}.pt"
