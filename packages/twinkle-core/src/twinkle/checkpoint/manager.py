@@ -21,7 +21,7 @@ Rotation of a family of checkpoints is :func:`twinkle.checkpoint.atomic.rotate`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -153,25 +153,13 @@ class CheckpointManager:
                skip_checkpoint_validation: bool = False) -> dict[str, int]:
         """Restore weights (+ training state unless ``resume_only_model``) and the group's progress.
 
-        Every file is read and checked on every rank, the ranks agree, and only then is anything applied;
+        Every file is read and checked on every rank and the ranks agree; then the manifest is verified (the
+        ranks share the reading) and they agree again; only then is anything applied.
         ``skip_checkpoint_validation`` skips the manifest's checksum pass (sizes are still checked).
         """
         directory = Path(checkpoint_dir).expanduser()
-        problem = None
-        try:
-            require_files(directory, [], "checkpoint")
-            trainer_state = read_trainer_state(directory)
-            sides = None if resume_only_model else self._read_sides(group, directory)
-            staged = self.state.read(group, directory, not resume_only_model)
-            self._verify(directory, skip_checkpoint_validation)
-        except Exception as exc:  # every rank must hear about it before anyone loads (loads are collectives)
-            problem = exc
-        failed = collective.failed_ranks(problem is None)
-        if problem is not None:
-            raise problem
-        if failed:
-            raise CheckpointError(f"Checking {str(directory)!r} failed on rank(s) {failed}; nothing was loaded here "
-                                  "either (see their error).")
+        trainer_state, sides, staged = self._agreed(directory, lambda: self._read(group, directory, resume_only_model))
+        self._agreed(directory, lambda: self._verify(directory, skip_checkpoint_validation))
         self.state.apply(group, directory, staged)
         if sides is not None:
             for attr, _, _ in SIDE_STATES:
@@ -179,6 +167,30 @@ class CheckpointManager:
                     getattr(group, attr).load_state_dict(sides[attr])
             restore_rng_state(sides["rng"])
         return group.restore_progress(trainer_state)
+
+    def _read(self, group: OptimizerGroup, directory: Path, resume_only_model: bool) -> tuple[Any, Any, Any]:
+        """``(trainer state, side states, the backend's staged state)``, every file checked; nothing changes."""
+        require_files(directory, [], "checkpoint")
+        trainer_state = read_trainer_state(directory)
+        sides = None if resume_only_model else self._read_sides(group, directory)
+        return trainer_state, sides, self.state.read(group, directory, not resume_only_model)
+
+    @staticmethod
+    def _agreed(directory: Path, check: Callable[[], Any]) -> Any:
+        """``check()`` on every rank, then the ranks agree (loads are collectives): a failure anywhere raises on
+        every rank, the failed one with its own error, before anything was loaded."""
+        problem, result = None, None
+        try:
+            result = check()
+        except Exception as exc:
+            problem = exc
+        failed = collective.failed_ranks(problem is None)
+        if problem is not None:
+            raise problem
+        if failed:
+            raise CheckpointError(f"Checking {str(directory)!r} failed on rank(s) {failed}; nothing was loaded here "
+                                  "either (see their error).")
+        return result
 
     def _read_sides(self, group: OptimizerGroup, directory: Path) -> dict[str, Any]:
         """The group's scheduler and scaler states (for those it has) and this rank's RNG state, each checked."""
