@@ -122,7 +122,7 @@ class PeftAdapters:
 
     def write(self, group: OptimizerGroup, state: dict[str, torch.Tensor], directory: Path) -> None:
         """The flat PEFT adapter directory from ``state`` (full tensors)."""
-        write_adapter(self.backend.module, group.name, state, directory)
+        write_adapter(state, self.backend.module.peft_config[group.name], directory)
 
     def load(self, group: OptimizerGroup, directory: Path) -> None:
         """An adapter directory's weights into the group's adapter (each rank its shard once wrapped)."""

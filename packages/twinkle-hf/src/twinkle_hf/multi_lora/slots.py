@@ -189,9 +189,9 @@ class LoraSlots:
         return tenant_state_dict(self, self.specs[group.name])
 
     def write(self, group: OptimizerGroup, state: dict[str, torch.Tensor], directory: Path) -> None:
-        from twinkle_hf.multi_lora.tenant_io import save_tenant
+        from twinkle_hf.model.weights import write_adapter
 
-        save_tenant(state, self.configs[group.name], directory, self.backend.model_path)
+        write_adapter(state, self.configs[group.name], directory, self.backend.model_path)
 
     def load(self, group: OptimizerGroup, directory: Path) -> None:
         from twinkle_hf.multi_lora.tenant_io import config_fits, load_tenant, read_tenant_config
