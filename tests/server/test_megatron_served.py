@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from server_proc import ALL_LAYERS, BASE_MODEL, make_keys, start_server
+from server_proc import ALL_LAYERS, BASE_MODEL, MODEL_ID, make_keys, start_server
 from server_testing import adapter_tensors, rows, sft_datums
 from tinker import types
 
@@ -51,7 +51,7 @@ def test_a_megatron_base_model_trains_tenants_through_the_client(megatron_server
     from twinkle.runtime import seed_everything
 
     seed_everything(0)
-    model = MultiLoraMegatronModel(model_id=BASE_MODEL, mixed_precision="no", max_loras=2, max_r=8,
+    model = MultiLoraMegatronModel(model_id=MODEL_ID, mixed_precision="no", max_loras=2, max_r=8,
                                    max_length=128, target_modules=ALL_LAYERS)
     model.acquire_lora("ref", LoraConfig(r=4, lora_alpha=32, lora_dropout=0.0, target_modules=ALL_LAYERS), seed=11)
     model.set_optimizer("default", adapter_name="ref", lr=ADAM["learning_rate"])
