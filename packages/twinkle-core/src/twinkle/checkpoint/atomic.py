@@ -143,15 +143,15 @@ def rotate(family: Sequence[Path], keep: int | None, written: Path | None = None
     """Delete the members of ``family`` (listed oldest first) beyond the newest ``keep``; return what went.
 
     ``keep`` None or <= 0 keeps everything. Never deleted, wherever they sort: ``written`` (the checkpoint
-    just saved, which counts among the ``keep``) and a directory whose name is in ``protected`` (which does
-    not count).
+    just saved, which counts among the ``keep``), the newest of the others, and a directory whose name is
+    in ``protected`` (which does not count).
     """
     if keep is None or keep <= 0:
         return []
     written = Path(written) if written is not None else None
     members = [Path(p) for p in family if Path(p).name not in protected and Path(p) != written]
     room = keep - (1 if written is not None and written.is_dir() else 0)
-    doomed = members[:-room] if room > 0 else members
+    doomed = members[:-max(room, 1)]
     for path in doomed:
         discard(path)
     return doomed
