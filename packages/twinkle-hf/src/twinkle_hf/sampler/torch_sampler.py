@@ -21,7 +21,14 @@ from transformers import GenerationConfig
 from twinkle.engine import Route
 from twinkle.loss.token_inputs import gather_logprobs
 from twinkle.model.optimizer_group import OptimizerGroup
-from twinkle.sampler import Sampler, SampleResult, SamplingParams, as_prompts, per_prompt_adapters
+from twinkle.sampler import (
+    Sampler,
+    SampleResult,
+    SamplingParams,
+    as_prompts,
+    check_prompt_limits,
+    per_prompt_adapters,
+)
 from twinkle.sampler.base import Adapters, Prompts
 from twinkle.sampler.stops import finish
 from twinkle_hf.model.backend import HFBackend
@@ -58,6 +65,7 @@ class TorchSampler(Sampler):
         prompts = as_prompts(prompts)
         groups = self._groups(adapter_name, len(prompts))
         self._check_length(max(map(len, prompts)) + params.max_tokens)
+        self._check_prompts(prompts, params.max_tokens, "prompts")
         results: list[SampleResult | None] = [None] * len(prompts)
         with self._inference():
             for indices in self._batches(groups):
@@ -74,6 +82,7 @@ class TorchSampler(Sampler):
         sequences = as_prompts(sequences, "sequences")
         groups = self._groups(adapter_name, len(sequences))
         self._check_length(max(map(len, sequences)))
+        self._check_prompts(sequences, 0, "sequences")
         out: list[list[float | None] | None] = [None] * len(sequences)
         with self._inference():
             for indices in self._batches(groups, reference):
@@ -130,19 +139,22 @@ class TorchSampler(Sampler):
         """Eval mode without gradients, under the model's lock when it has one; the training mode is restored."""
         with self.model.lock:
             module = self.model.model
-            training = module.training
-            module.train(False)
-            try:
-                with torch.no_grad():
-                    yield
-            finally:
-                module.train(training)
+            with torch.no_grad(), _eval_mode(module, self.model.backend.hf_model()):
+                yield
 
     def _check_length(self, tokens: int) -> None:
         limit = getattr(self.model, "max_length", None)
         if limit is not None and tokens > limit:
             raise ValueError(f"Prompt plus max_tokens reach {tokens} tokens but the model was built with "
                              f"max_length={limit}; shorten the prompts or lower max_tokens.")
+
+    def _check_prompts(self, prompts: list[list[int]], max_tokens: int, what: str) -> None:
+        """Token ids inside the embedding, and prompt + max_tokens within the model's positions."""
+        backend = self.model.backend
+        config = backend.hf_model().config
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        check_prompt_limits(prompts, vocab_size=backend.vocab_size, max_tokens=max_tokens, what=what,
+                            max_positions=getattr(text, "max_position_embeddings", None))
 
     # ------------------------------------------------------------------ generation
     def _eos_ids(self) -> list[int]:
@@ -186,7 +198,7 @@ class TorchSampler(Sampler):
             finally:
                 hf.generation_config = saved_config
         generated = out.sequences[:, width:]
-        logprobs = gather_logprobs(torch.stack(out.logits, dim=1)[:, :generated.shape[1]], generated)
+        logprobs = sampled_logprobs(out.logits, generated)
         decode = self._decoder()
         return [finish(tokens, values, stop_ids, params.stop_strings, decode)
                 for tokens, values in zip(generated.tolist(), logprobs.tolist())]
@@ -209,3 +221,54 @@ class TorchSampler(Sampler):
             logits = backend.run_unwrapped("causal_lm", batch, None).logits
         values = gather_logprobs(logits[:, :-1], batch["input_ids"][:, 1:]).tolist()
         return [[None] + values[k][:len(r) - 1] for k, r in enumerate(rows)]
+
+
+#: a sampled token whose probability is below this (log-probability under -69) is scored with an exact log-softmax
+_TINY_PROBABILITY = 1e-30
+
+
+def sampled_logprobs(step_logits: Sequence[torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+    """``log p(token)`` of every generated token (rows, steps), from the raw logits of each step.
+
+    A softmax per step and the log of the sampled entry: one fused pass over each step's vocabulary, the
+    cheapest exact way (a ``logsumexp`` over every step's logits cost more than generating here). Where the
+    sampled token's probability is too small for float32 to hold its log accurately, that step is
+    recomputed with ``log_softmax``.
+    """
+    steps = tokens.shape[1]
+    if steps == 0:
+        return tokens.new_zeros(tokens.shape, dtype=torch.float32)
+    picked = torch.cat([torch.softmax(logits.float(), -1).gather(-1, tokens[:, k:k + 1])
+                        for k, logits in enumerate(step_logits[:steps])], dim=1)
+    values = picked.log()
+    tiny = picked < _TINY_PROBABILITY
+    if bool(tiny.any()):
+        for k in tiny.any(dim=0).nonzero().flatten().tolist():
+            exact = torch.log_softmax(step_logits[k].float(), -1).gather(-1, tokens[:, k:k + 1]).squeeze(1)
+            values[:, k] = torch.where(tiny[:, k], exact, values[:, k])
+    return values
+
+
+@contextmanager
+def _eval_mode(module: torch.nn.Module, hf_model: Any) -> Iterator[None]:
+    """``module`` in eval mode for the block, then every submodule's flag as it was.
+
+    Setting the flags directly is ``module.train(False)`` without its recursive calls (what it costs
+    matters per sample call); a model using hub kernels, whose ``train()`` swaps them, goes through it.
+    """
+    if getattr(hf_model, "use_kernels", False):
+        training = module.training
+        module.train(False)
+        try:
+            yield
+        finally:
+            module.train(training)
+        return
+    switched = [m for m in module.modules() if m.training]
+    for m in switched:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.training = True
