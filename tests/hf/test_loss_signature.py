@@ -1,4 +1,4 @@
-"""Seed 001's loss signature: ``set_loss(fn)`` with ``fn(inputs: InputFeature, outputs: ModelOutput, ...) -> Tensor``."""
+"""Seed 001's loss signature: ``set_loss(fn)``, ``fn(inputs: InputFeature, outputs: ModelOutput, ...) -> Tensor``."""
 
 from __future__ import annotations
 
