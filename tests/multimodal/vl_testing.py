@@ -35,7 +35,7 @@ def dataset(family: str, n: int = 16, seed: int = 0, **template_kwargs: Any):
 
 
 def model(family: str, seed: int = 0, **kwargs: Any):
-    """A TransformersModel over the family's tiny VL model (random init, fp32)."""
+    """A TransformersModel over the family's tiny VL model (its shipped seeded weights, fp32)."""
     from twinkle.model import TransformersModel
 
     torch.manual_seed(seed)
@@ -43,14 +43,13 @@ def model(family: str, seed: int = 0, **kwargs: Any):
 
 
 def hf_model(family: str, seed: int = 0):
-    """The same tiny model built with plain transformers."""
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    """The same tiny model loaded with plain transformers (the asset's weights)."""
+    from transformers import AutoModelForImageTextToText
 
     from twinkle.hub import resolve_path
 
     torch.manual_seed(seed)
-    config = AutoConfig.from_pretrained(resolve_path(FAMILIES[family][1]))
-    return AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    return AutoModelForImageTextToText.from_pretrained(resolve_path(FAMILIES[family][1]), dtype=torch.float32)
 
 
 def expected_labels(ids: list[int], tok) -> list[int]:

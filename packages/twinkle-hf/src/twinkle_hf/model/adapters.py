@@ -24,7 +24,7 @@ from twinkle.engine import Route
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_hf.model.meta import adapters_stay_real, hold_frozen_in
 from twinkle_hf.model.vision import adapter_config
-from twinkle_hf.model.weights import adapter_state_dict, load_adapter_weights, write_adapter
+from twinkle_hf.model.weights import adapter_state_dict, load_adapter_weights, portable_base, write_adapter
 
 
 class PeftAdapters:
@@ -122,7 +122,7 @@ class PeftAdapters:
 
     def write(self, group: OptimizerGroup, state: dict[str, torch.Tensor], directory: Path) -> None:
         """The flat PEFT adapter directory from ``state`` (full tensors)."""
-        write_adapter(self.backend.module, group.name, state, directory)
+        write_adapter(self.backend.module, group.name, state, directory, portable_base(self.backend.model_id))
 
     def load(self, group: OptimizerGroup, directory: Path) -> None:
         """An adapter directory's weights into the group's adapter (each rank its shard once wrapped)."""

@@ -30,21 +30,45 @@ def adapter_state_dict(model: PeftModel, adapter_name: str) -> dict[str, torch.T
     return get_peft_model_state_dict(model, adapter_name=adapter_name)
 
 
-def save_adapter(model: PeftModel, adapter_name: str, directory: Path) -> None:
+def save_adapter(model: PeftModel, adapter_name: str, directory: Path, base_model: str | None = None) -> None:
     """Write ``adapter_model.safetensors`` + ``adapter_config.json`` flat in ``directory``.
 
     (``PeftModel.save_pretrained`` puts non-default adapters in a sub-directory; a flat layout
     loads with ``PeftModel.from_pretrained(base, directory)`` whatever the adapter's name.)
     """
-    write_adapter(model, adapter_name, adapter_state_dict(model, adapter_name), directory)
+    write_adapter(model, adapter_name, adapter_state_dict(model, adapter_name), directory, base_model)
 
 
-def write_adapter(model: PeftModel, adapter_name: str, state: Mapping[str, torch.Tensor], directory: Path) -> None:
-    """The adapter files from ``state`` (full tensors: gathered first when the model is sharded)."""
+def portable_base(model_id: str | None) -> str | None:
+    """What ``adapter_config.json`` names as the base: the model id the user gave, never a path into a cache
+    or into twinkle's install.
+
+    ``ms://org/name`` and ``hf://org/name`` become ``org/name`` (what peft's ``AutoPeftModel`` and the hubs'
+    clients load); ``twinkle://NAME`` (an embedded model) and a path are kept as the user wrote them.
+    None: nothing to say (a model built from a config), peft's own value stays.
+    """
+    if not model_id:
+        return None
+    text = str(model_id)
+    for prefix in ("ms://", "hf://"):
+        if text.startswith(prefix):
+            return text[len(prefix):].strip("/")
+    return text
+
+
+def write_adapter(model: PeftModel, adapter_name: str, state: Mapping[str, torch.Tensor], directory: Path,
+                  base_model: str | None = None) -> None:
+    """The adapter files from ``state`` (full tensors: gathered first when the model is sharded).
+
+    ``base_model``: the ``base_model_name_or_path`` to record (:func:`portable_base`); peft's default is the
+    absolute directory the base was loaded from, which does not travel with the checkpoint.
+    """
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     config = copy.deepcopy(model.peft_config[adapter_name])
     config.inference_mode = True
+    if base_model is not None:
+        config.base_model_name_or_path = base_model
     config.save_pretrained(str(directory))
 
 

@@ -189,9 +189,10 @@ class LoraSlots:
         return tenant_state_dict(self, self.specs[group.name])
 
     def write(self, group: OptimizerGroup, state: dict[str, torch.Tensor], directory: Path) -> None:
+        from twinkle_hf.model.weights import portable_base
         from twinkle_hf.multi_lora.tenant_io import save_tenant
 
-        save_tenant(state, self.configs[group.name], directory, self.backend.model_path)
+        save_tenant(state, self.configs[group.name], directory, portable_base(self.backend.model_id))
 
     def load(self, group: OptimizerGroup, directory: Path) -> None:
         from twinkle_hf.multi_lora.tenant_io import config_fits, load_tenant, read_tenant_config
