@@ -10,7 +10,12 @@ import torch
 FAMILIES = {
     "qwen2_5_vl": ("Qwen2_5VLTemplate", "twinkle://tiny-qwen2.5-vl"),
     "qwen3_vl": ("Qwen3VLTemplate", "twinkle://tiny-qwen3-vl"),
+    "internvl2_5": ("InternVL2_5Template", "twinkle://tiny-internvl2.5"),
 }
+#: the families whose processors expand Qwen-VL's vision tokens (<|image_pad|>, image_grid_thw)
+QWEN_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+#: the token an image expands into, per family
+IMAGE_TOKEN = {"qwen2_5_vl": "<|image_pad|>", "qwen3_vl": "<|image_pad|>", "internvl2_5": "<IMG_CONTEXT>"}
 
 
 def template(family: str, **kwargs: Any):

@@ -71,7 +71,7 @@ def register_templates():
             ("base", "Template"), ("chatml", "ChatMLTemplate"), ("qwen", "Qwen2_5Template"),
             ("qwen", "Qwen3Template"), ("qwen", "Qwen3_5Template"), ("llama", "Llama3Template"),
             ("vl", "VLTemplate"), ("vl", "Qwen2VLTemplate"), ("vl", "Qwen2_5VLTemplate"), ("vl", "Qwen3VLTemplate"),
-            ("vl", "Qwen3_5VLTemplate"),
+            ("vl", "Qwen3_5VLTemplate"), ("internvl", "InternVL2_5Template"),
         )
     }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from twinkle.constants import IGNORE_INDEX, TRUNCATION_STRATEGIES
 from twinkle.template.base import Template, load_tokenizer
 from twinkle.template.chatml import ChatMLTemplate
+from twinkle.template.internvl import InternVL2_5Template
 from twinkle.template.llama import Llama3Template
 from twinkle.template.qwen import Qwen2_5Template, Qwen3_5Template, Qwen3Template
 from twinkle.template.vl import Qwen2_5VLTemplate, Qwen2VLTemplate, Qwen3_5VLTemplate, Qwen3VLTemplate, VLTemplate
@@ -16,6 +17,7 @@ __all__ = [
     "IGNORE_INDEX",
     "TRUNCATION_STRATEGIES",
     "ChatMLTemplate",
+    "InternVL2_5Template",
     "Llama3Template",
     "Qwen2VLTemplate",
     "Qwen2_5Template",
