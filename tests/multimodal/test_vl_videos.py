@@ -64,6 +64,10 @@ def test_a_row_with_frames_encodes_collates_and_trains(family):
 
 
 def test_a_video_file_says_what_to_install(tmp_path):
+    import json
+
+    template("qwen3_vl").save_pretrained(tmp_path)  # the frames processor is twinkle's: never written
+    assert "video_processor" not in json.loads((tmp_path / "processor_config.json").read_text())
     clip = tmp_path / "clip.mp4"
     clip.write_bytes(b"not decoded here")
     tmpl = template("qwen2_5_vl")

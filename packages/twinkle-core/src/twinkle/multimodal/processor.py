@@ -104,6 +104,11 @@ def _image_only_class(cls: type) -> type:
         def get_attributes(klass) -> list[str]:
             return [a for a in super().get_attributes() if a != "video_processor"]
 
+        def to_dict(self) -> dict[str, Any]:  # a frames video processor attached here is twinkle's, not saved
+            out = super().to_dict()
+            out.pop("video_processor", None)
+            return out
+
     ImageOnly.__name__ = cls.__name__  # what save_pretrained writes as processor_class
     ImageOnly.__qualname__ = cls.__qualname__
     ImageOnly.__module__ = cls.__module__
