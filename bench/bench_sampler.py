@@ -5,8 +5,8 @@ tiny Qwen or a ~20M Qwen2-shaped model built from a config), the same left-padde
 prompt repeated ``n`` times), the same sampling settings and seed, and the same number of new
 tokens (no early stop), so the difference is what the sampler adds: routing the adapter, the
 per-token log-probabilities and building the results. The two are interleaved over ``--rounds``
-rounds and the medians compared (``ratio``; ``ratio_of_fastest`` compares the fastest
-call of each, steadier on a shared machine). The sampled logprobs are then checked against one plain forward
+rounds and the medians compared (``ratio``, wall time; ``cpu_ratio``, this process's CPU time, which other
+processes on a shared machine disturb far less; ``ratio_of_fastest``, the fastest call of each). The sampled logprobs are then checked against one plain forward
 of every (prompt + completion) sequence.
 
     python bench/bench_sampler.py                        # tiny, 8 prompts x n=4, 32 new tokens
@@ -101,11 +101,13 @@ def main() -> None:
     for fn in (plain, twinkle, plain, twinkle):  # warm-up
         fn()
     times: dict[str, list[float]] = {"generate": [], "sampler": []}
+    cpu: dict[str, list[float]] = {"generate": [], "sampler": []}
     for _ in range(args.rounds):
         for name, fn in (("generate", plain), ("sampler", twinkle)):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             fn()
             times[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
 
     # the sampled tokens equal plain generate's (same seed, same processing) and their logprobs a full forward's
     results = twinkle()
@@ -125,6 +127,9 @@ def main() -> None:
         "generate_ms": round(medians["generate"] * 1e3, 2), "sampler_ms": round(medians["sampler"] * 1e3, 2),
         "ratio": round(medians["sampler"] / medians["generate"], 4),
         "ratio_of_fastest": round(min(times["sampler"]) / min(times["generate"]), 4),
+        "generate_cpu_ms": round(statistics.median(cpu["generate"]) * 1e3, 2),
+        "sampler_cpu_ms": round(statistics.median(cpu["sampler"]) * 1e3, 2),
+        "cpu_ratio": round(statistics.median(cpu["sampler"]) / statistics.median(cpu["generate"]), 4),
         "same_tokens_as_generate": same_tokens, "max_logprob_error_vs_full_forward": worst,
     }, indent=2))
 
