@@ -11,7 +11,7 @@ the request's :class:`~twinkle.sampler.SamplingParams` shape the sampling.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
@@ -47,6 +47,7 @@ class TorchSampler(Sampler):
                             f"{type(model).__name__}.")
         self.model = model
         self._tokenizer = tokenizer
+        self._modules: tuple[Any, list[torch.nn.Module]] | None = None  # (structure key, every submodule)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -139,8 +140,16 @@ class TorchSampler(Sampler):
         """Eval mode without gradients, under the model's lock when it has one; the training mode is restored."""
         with self.model.lock:
             module = self.model.model
-            with torch.no_grad(), _eval_mode(module, self.model.backend.hf_model()):
+            with torch.no_grad(), _eval_mode(module, self.model.backend.hf_model(), self._submodules(module)):
                 yield
+
+    def _submodules(self, module: torch.nn.Module) -> list[torch.nn.Module]:
+        """Every submodule of ``module``, listed once per structure: the list is made again when the root
+        module, the model's groups (adapters inject layers) or its patches change."""
+        key = (id(module), tuple(self.model.optimizer_group), len(getattr(self.model, "patches", ())))
+        if self._modules is None or self._modules[0] != key:
+            self._modules = (key, list(module.modules()))
+        return self._modules[1]
 
     def _check_length(self, tokens: int) -> None:
         limit = getattr(self.model, "max_length", None)
@@ -173,7 +182,7 @@ class TorchSampler(Sampler):
         attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
         stop_ids = params.stop_token_ids(self._eos_ids())
         options: dict[str, Any] = dict(max_new_tokens=params.max_tokens, pad_token_id=pad, do_sample=not params.greedy,
-                                       eos_token_id=stop_ids or None, output_logits=True, return_dict_in_generate=True)
+                                       eos_token_id=stop_ids or None)
         if not params.greedy:
             options.update(temperature=float(params.temperature), top_p=float(params.top_p),
                            top_k=params.top_k_or_none or 0)
@@ -190,6 +199,7 @@ class TorchSampler(Sampler):
                 torch.manual_seed(params.seed)
             stack.enter_context(self._adapters(groups, reference=False))
             stack.enter_context(backend.precision.autocast())
+            steps = stack.enter_context(_sampled_logprobs(hf))
             hf.generation_config = GenerationConfig()  # only the request's parameters shape the sampling
             try:
                 out = model.model.generate(input_ids=input_ids, attention_mask=attention_mask,
@@ -197,8 +207,8 @@ class TorchSampler(Sampler):
                                            synced_gpus=bool(backend.dist_plan.sharded), **extra)
             finally:
                 hf.generation_config = saved_config
-        generated = out.sequences[:, width:]
-        logprobs = sampled_logprobs(out.logits, generated)
+        generated = out[:, width:]
+        logprobs = steps.result(generated)
         decode = self._decoder()
         return [finish(tokens, values, stop_ids, params.stop_strings, decode)
                 for tokens, values in zip(generated.tolist(), logprobs.tolist())]
@@ -223,38 +233,72 @@ class TorchSampler(Sampler):
         return [[None] + values[k][:len(r) - 1] for k, r in enumerate(rows)]
 
 
-#: a sampled token whose probability is below this (log-probability under -69) is scored with an exact log-softmax
-_TINY_PROBABILITY = 1e-30
+@contextmanager
+def _sampled_logprobs(hf_model: torch.nn.Module) -> Iterator[_StepLogprobs]:
+    """Inside the block, the log-probability of every token ``generate`` samples with ``hf_model``, step by step.
+
+    A forward hook reads each forward's last-position logits (what generate samples from) and, at the next
+    forward, the token sampled from them (that forward's last input id): only one step's logits are held,
+    so nothing grows with the number of steps. (Asking ``generate`` for ``output_logits`` keeps every
+    step's logits alive, and with ``return_dict_in_generate`` the KV cache too: about 5% of a call here.)
+    """
+    record = _StepLogprobs()
+    handle = hf_model.register_forward_hook(record, with_kwargs=True)
+    try:
+        yield record
+    finally:
+        handle.remove()
+
+
+class _StepLogprobs:
+    """The forward hook of :func:`_sampled_logprobs`."""
+
+    def __init__(self) -> None:
+        self.values: list[torch.Tensor] = []
+        self.last: torch.Tensor | None = None
+
+    def __call__(self, module: torch.nn.Module, args: Any, kwargs: Mapping[str, Any], output: Any) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if self.last is not None and isinstance(ids, torch.Tensor):
+            self.values.append(token_logprobs(self.last, ids[:, -1]))
+        logits = output["logits"] if isinstance(output, Mapping) else getattr(output, "logits", output)
+        self.last = logits[:, -1]
+
+    def result(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(rows, steps) log-probabilities of ``tokens`` (the generated ids); forwards after the last token
+        (deferred stop checks, ``synced_gpus`` peers) are ignored."""
+        steps = tokens.shape[1]
+        if not steps:
+            return tokens.new_zeros(tokens.shape, dtype=torch.float32)
+        if len(self.values) < steps and self.last is not None:  # the last token: no forward came after it
+            self.values.append(token_logprobs(self.last, tokens[:, len(self.values)]))
+        return torch.stack(self.values[:steps], dim=1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``log softmax(logits)[token]`` per row: one fused log-softmax of the row, then the token's entry.
+
+    (Half the CPU time of ``logit - logsumexp``, which the losses' ``gather_logprobs`` computes; the two
+    agree to float32 rounding.)
+    """
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, None].long()).squeeze(-1)
 
 
 def sampled_logprobs(step_logits: Sequence[torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
-    """``log p(token)`` of every generated token (rows, steps), from the raw logits of each step.
-
-    A softmax per step and the log of the sampled entry: one fused pass over each step's vocabulary, the
-    cheapest exact way (a ``logsumexp`` over every step's logits cost more than generating here). Where the
-    sampled token's probability is too small for float32 to hold its log accurately, that step is
-    recomputed with ``log_softmax``.
-    """
-    steps = tokens.shape[1]
-    if steps == 0:
+    """``log p(token)`` of every generated token (rows, steps) from each step's raw logits."""
+    if tokens.shape[1] == 0:
         return tokens.new_zeros(tokens.shape, dtype=torch.float32)
-    picked = torch.cat([torch.softmax(logits.float(), -1).gather(-1, tokens[:, k:k + 1])
-                        for k, logits in enumerate(step_logits[:steps])], dim=1)
-    values = picked.log()
-    tiny = picked < _TINY_PROBABILITY
-    if bool(tiny.any()):
-        for k in tiny.any(dim=0).nonzero().flatten().tolist():
-            exact = torch.log_softmax(step_logits[k].float(), -1).gather(-1, tokens[:, k:k + 1]).squeeze(1)
-            values[:, k] = torch.where(tiny[:, k], exact, values[:, k])
-    return values
+    return torch.stack([token_logprobs(step_logits[k], tokens[:, k]) for k in range(tokens.shape[1])], dim=1)
 
 
 @contextmanager
-def _eval_mode(module: torch.nn.Module, hf_model: Any) -> Iterator[None]:
+def _eval_mode(module: torch.nn.Module, hf_model: Any, submodules: Sequence[torch.nn.Module] | None = None
+               ) -> Iterator[None]:
     """``module`` in eval mode for the block, then every submodule's flag as it was.
 
     Setting the flags directly is ``module.train(False)`` without its recursive calls (what it costs
     matters per sample call); a model using hub kernels, whose ``train()`` swaps them, goes through it.
+    ``submodules``: ``module.modules()`` listed beforehand.
     """
     if getattr(hf_model, "use_kernels", False):
         training = module.training
@@ -264,7 +308,7 @@ def _eval_mode(module: torch.nn.Module, hf_model: Any) -> Iterator[None]:
         finally:
             module.train(training)
         return
-    switched = [m for m in module.modules() if m.training]
+    switched = [m for m in (submodules if submodules is not None else module.modules()) if m.training]
     for m in switched:
         m.training = False
     try:
