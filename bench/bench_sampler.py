@@ -5,9 +5,10 @@ tiny Qwen or a ~20M Qwen2-shaped model built from a config), the same left-padde
 prompt repeated ``n`` times), the same sampling settings and seed, and the same number of new
 tokens (no early stop), so the difference is what the sampler adds: routing the adapter, the
 per-token log-probabilities and building the results. The two are interleaved over ``--rounds``
-rounds and the medians compared (``ratio``, wall time; ``cpu_ratio``, this process's CPU time, which other
-processes on a shared machine disturb far less; ``ratio_of_fastest``, the fastest call of each). The sampled logprobs are then checked against one plain forward
-of every (prompt + completion) sequence.
+rounds and the medians compared (``ratio``, wall time; ``cpu_ratio``, this process's CPU time, which
+other processes on a shared machine disturb far less; ``ratio_of_fastest``, the fastest call of each).
+The sampled tokens are compared with generate's and their logprobs with one plain forward of every
+(prompt + completion) sequence.
 
     python bench/bench_sampler.py                        # tiny, 8 prompts x n=4, 32 new tokens
     python bench/bench_sampler.py --config qwen20m --rounds 10
