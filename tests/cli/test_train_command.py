@@ -21,7 +21,7 @@ def test_help_describes_every_option_with_the_default_job_values(capsys, help_en
     for spec in schema_of(TrainerConfig).specs.values():
         assert spec.help and spec.help in lines[spec.option], spec.dotted  # every option is described
     # the no-argument job's values, and TrainerConfig's where a config file would differ
-    assert "(default: output/twinkle-train; config file: work_dir)" in lines["--work-dir"]
+    assert "default: output/twinkle-train; config file: work_dir)" in lines["--work-dir"]
     assert "default: 2; config file: none)" in lines["--total-epoch"]
     assert "default: none)" in lines["--total-step"] and "config file" not in lines["--total-step"]
     assert "default: 8; config file: none)" in lines["--eval-interval"]

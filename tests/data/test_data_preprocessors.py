@@ -11,7 +11,7 @@ from twinkle.preprocessor import AlpacaProcessor, MessagesProcessor, SelfCogniti
 
 
 def _msgs(*pairs):
-    return [{"role": r, "content": c, "reasoning_content": None, "loss": None} for r, c in pairs]
+    return [{"role": r, "content": c, "reasoning_content": None, "loss": None, "tool_calls": None} for r, c in pairs]
 
 
 def test_self_cognition_fills_names_by_tag():
@@ -38,7 +38,8 @@ def test_alpaca_and_messages_formats():
     openai = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "loss": False}]}
     sharegpt = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}], "system": "S"}
     out = proc(openai)
-    assert out["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": None, "loss": False}
+    assert out["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": None, "loss": False,
+                                  "tool_calls": None}
     assert proc(sharegpt)["messages"] == _msgs(("system", "S"), ("user", "q"), ("assistant", "a"))
     tools = [{"type": "function", "function": {"name": "add"}}]
     assert json.loads(proc({**openai, "tools": json.dumps(tools)})["tools"]) == tools
@@ -62,7 +63,27 @@ BAD_ROWS = [
     (MessagesProcessor(), {"conversations": [{"from": "alien", "value": "q"}]}, r"from='alien'"),
     (MessagesProcessor(), {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
                            "tools": "{not json"}, r"'tools' is not valid JSON"),
+    (MessagesProcessor(), {"messages": [{"role": "user", "content": "q", "tool_calls": [{"name": "f"}]},
+                                        {"role": "assistant", "content": "a"}]},
+     r"message 0 is a user turn with tool_calls; only assistant turns call tools"),
+    (MessagesProcessor(), {"messages": [{"role": "user", "content": "q"},
+                                        {"role": "assistant", "content": None, "tool_calls": [{"arguments": {}}]}]},
+     r"message 1 \(assistant\): each tool call needs a 'name'"),
 ]
+
+
+def test_tool_calls_are_stored_as_name_and_arguments_json():
+    """OpenAI-style calls (arguments as a JSON string, content None) become [{"name", "arguments"}] JSON."""
+    openai = {"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "content": "sunny"},
+        {"role": "assistant", "content": "It is sunny."}]}
+    out = MessagesProcessor()(openai)["messages"]
+    assert out[1]["content"] == "" and json.loads(out[1]["tool_calls"]) == [{"name": "get",
+                                                                              "arguments": {"city": "Paris"}}]
+    assert out[3]["tool_calls"] is None
 
 
 @pytest.mark.parametrize(("proc", "row", "message"), BAD_ROWS)

@@ -51,7 +51,7 @@ def test_the_backends_select_the_device_of_their_local_rank(rank_one, two_gpus):
 
     assert hf_device() == torch.device("cuda", 1)
     pytest.importorskip("megatron.core")
-    from twinkle_megatron.model.megatron_model import _device as megatron_device
+    from twinkle_megatron.model.build import process_device as megatron_device
 
     assert megatron_device() == torch.device("cuda", 1)
 

@@ -4,7 +4,8 @@
 #   equal to one batch; distributed-optimizer save/resume continuing the same losses; LoRA through the
 #   schedule saved as a PEFT adapter; several multi-LoRA tenants interleaved, each with its own distributed
 #   optimizer; bf16 LoRA (frozen bf16 weights, fp32 master copies); when transformer-engine[pytorch] imports,
-#   Qwen3-MoE logits and an fp8 step; with two GPUs, TP=2 vs TP=1 and (TE) CP=2 vs CP=1 training.
+#   Qwen3-MoE and the seed-001 families megatron runs only with TE (Qwen3.5, Qwen3.5-MoE, DeepSeek-V3) against HF,
+#   and an fp8 step; with two GPUs, TP=2 vs TP=1 and (TE) CP=2 vs CP=1 training.
 # Usage: tests/gpu/run_megatron.sh [--check]   (PYTHON=... picks the interpreter; see tests/gpu/python.sh)
 # --check: verify the script's own prerequisites and that the tests collect (runs on CPU too).
 # Exit status 77: no CUDA device or megatron-core not installed (tests/gpu/setup.sh installs it); else pytest's.

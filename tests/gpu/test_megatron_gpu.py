@@ -3,7 +3,9 @@
 On one GPU: Megatron DDP + the distributed optimizer, megatron-core's forward-backward schedule
 over micro-batches, distributed-checkpoint save/resume, LoRA through the schedule, several
 multi-LoRA tenants each with its own distributed optimizer, bf16 LoRA (frozen bf16 weights, fp32
-master copies), Qwen3-MoE and fp8 (both need Transformer Engine). On two GPUs (skipped with one):
+master copies), Qwen3-MoE, fp8 and the seed-001 families the CPU cannot run through megatron
+(Qwen3.5 with TE's zero-centred norms, Qwen3.5-MoE, DeepSeek-V3 with MLA and MoE; all need Transformer
+Engine). On two GPUs (skipped with one):
 TP=2 training against TP=1, and CP=2 (Transformer Engine) against CP=1. Models are tiny (hidden 128,
 2 layers) so the whole file runs in a few minutes; dimensions are multiples of 16 for fp8.
 """
@@ -193,6 +195,57 @@ def test_qwen3_moe_logits_match_hf(tmp_path):
     with torch.no_grad():
         ref = hf(input_ids=probe["input_ids"].cuda()).logits
     assert (m.forward_only(inputs=probe)["logits"] - ref).abs().max() <= 1e-3
+
+
+def family_checkpoint(directory: Path, family: str) -> Path:
+    """Tiny seed-001 families the CPU cannot run through megatron (TE spec, MoE layers): docs/models.md."""
+    import transformers
+
+    common = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=VOCAB, max_position_embeddings=256, tie_word_embeddings=False)
+    full = ["full_attention", "full_attention"]
+    configs = {
+        "qwen3_5": lambda: transformers.Qwen3_5TextConfig(**common, intermediate_size=256, head_dim=32,
+                                                          layer_types=full),
+        "qwen3_5_moe": lambda: transformers.Qwen3_5MoeTextConfig(**common, head_dim=32, moe_intermediate_size=64,
+                                                                 shared_expert_intermediate_size=64, num_experts=4,
+                                                                 num_experts_per_tok=2, layer_types=full),
+        "deepseek_v3": lambda: transformers.DeepseekV3Config(**{**common, "num_key_value_heads": 4},
+                                                             intermediate_size=256, moe_intermediate_size=64,
+                                                             n_routed_experts=4, num_experts_per_tok=2, n_group=2,
+                                                             topk_group=1, first_k_dense_replace=1, q_lora_rank=64,
+                                                             kv_lora_rank=32, qk_nope_head_dim=32,
+                                                             qk_rope_head_dim=16, v_head_dim=32),
+    }
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(configs[family](), dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if "norm" in name and param.dim() == 1:
+                param.add_(0.2 * torch.randn_like(param))
+    hf.save_pretrained(str(directory))
+    return directory
+
+
+@needs_te
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "deepseek_v3"])
+def test_seed_family_logits_match_hf_with_te(tmp_path, family):
+    """Qwen3.5 (gated attention, TE's zero-centred norms), Qwen3.5-MoE (gated shared expert) and DeepSeek-V3
+    (MLA with TE's duplicated down projections, sigmoid group-limited routing, shared experts): written and
+    round-trip tested on CPU (tests/families), their TE/MoE forward only here."""
+    from transformers import AutoModelForCausalLM
+
+    path = family_checkpoint(tmp_path / "hf", family)
+    m = model(path, mixed_precision="no")
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
+    probe = batch(seed=5, rows=2)
+    with torch.no_grad():
+        ref = hf(input_ids=probe["input_ids"].cuda()).logits
+    assert (m.forward_only(inputs=probe)["logits"] - ref).abs().max() <= 1e-3
+    m.save("exported", output_dir=str(tmp_path))  # the export path (gather, TE names) writes HF names back
+    again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "exported"), dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        assert (again(input_ids=probe["input_ids"].cuda()).logits - ref).abs().max() == 0
 
 
 @needs_te

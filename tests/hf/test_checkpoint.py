@@ -10,7 +10,7 @@ from hf_testing import make_batch, make_model, model_state_hash, tensor_hash
 from peft import LoraConfig
 
 import twinkle_hf.model.checkpoint as checkpoint_module
-from twinkle.checkpoint import read_trainer_state
+from twinkle.checkpoint import CheckpointError, read_trainer_state
 
 
 def _trained_lora(seed: int = 0):
@@ -29,7 +29,7 @@ def test_layout_and_trainer_state(tmp_path) -> None:
     path = model.save("checkpoint-2", output_dir=str(tmp_path), save_optimizer=True, consumed_train_samples=8)
     names = {p.name for p in (tmp_path / "checkpoint-2").iterdir()}
     assert names == {"adapter_model.safetensors", "adapter_config.json", "optimizer.pt", "scheduler.pt",
-                     "rng_state.pt", "trainer_state.json"}
+                     "rng_state.pt", "trainer_state.json", "manifest.json"}
     state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["cur_step"] == 2 and state["consumed_train_samples"] == 8
     assert state["gradient_accumulation_steps"] == 1 and state["version"] == 1
@@ -137,3 +137,30 @@ def test_checkpoint_of_the_embedded_model_is_self_contained_in_plain_transformer
     torch.testing.assert_close(plain.eval()(input_ids=ids).logits, want, rtol=0, atol=1e-5)
     with plain.disable_adapter():
         assert not torch.allclose(plain(input_ids=ids).logits, want, atol=1e-3)  # the adapter matters
+
+
+def test_every_save_has_a_manifest_that_resume_checks_before_changing_anything(tmp_path, caplog) -> None:
+    """manifest.json (sizes + xxh3) is written last by save(); resume finds bytes changed after saving --
+    unless skip_checkpoint_validation=True (a warning; sizes are still checked)."""
+    import logging
+    import struct
+
+    model = _trained_lora(seed=5)
+    path = model.save("ck", output_dir=str(tmp_path), save_optimizer=True, consumed_train_samples=8)
+    manifest = json.loads((tmp_path / "ck" / "manifest.json").read_text())
+    assert set(manifest["files"]) == {p.name for p in (tmp_path / "ck").iterdir()} - {"manifest.json"}
+    weights = tmp_path / "ck" / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-4:] = struct.pack("<f", 0.5)  # same size, still a valid float: only the checksum can tell
+    weights.write_bytes(bytes(data))
+    fresh = _trained_lora(seed=6)
+    before = model_state_hash(fresh)
+    with pytest.raises(CheckpointError, match="adapter_model.safetensors does not match its checksum"):
+        fresh.resume_from_checkpoint(path)
+    assert model_state_hash(fresh) == before
+    caplog.set_level(logging.WARNING, logger="twinkle")
+    assert fresh.resume_from_checkpoint(path, skip_checkpoint_validation=True)["cur_step"] == 2
+    assert "without checking its files' checksums" in caplog.text
+    weights.write_bytes(bytes(data[:-4]))  # truncated: sizes are checked even then
+    with pytest.raises(CheckpointError, match="adapter_model.safetensors is .* bytes, the manifest says"):
+        fresh.resume_from_checkpoint(path, skip_checkpoint_validation=True)

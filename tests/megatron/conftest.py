@@ -67,13 +67,16 @@ def launches(tmp_path_factory):
     qwen3 = save_hf(hf_model("qwen3"), root / "qwen3")
     large = save_hf(hf_model("qwen2", vocab_size=VOCAB_LARGE), root / "qwen2-large-vocab")
     adapter = shared_a_adapter(root / "adapter")
+    tied = save_hf(hf_model("qwen2", tie_word_embeddings=True), root / "qwen2-tied")
+    lm_head = shared_a_adapter(root / "adapter-lm-head", lm_head=True)  # saved by peft: with its base lm_head copy
+    lm_head_tied = shared_a_adapter(root / "adapter-lm-head-tied", lm_head=True, tie_word_embeddings=True)
     scripts = Path(__file__).parent / "scripts"
     (root / "tp2").mkdir()
     (root / "simulated").mkdir()
     started = {
         "tp2": (_Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                          str(scripts / "tp2_checks.py"), str(qwen2), str(qwen3), str(adapter), str(large),
-                         str(root / "tp2")]),
+                         str(root / "tp2"), str(tied), str(lm_head), str(lm_head_tied)]),
                 root / "tp2"),
         "simulated": (_Launch([sys.executable, str(scripts / "simulated_cuda.py"), str(qwen2),
                                str(root / "simulated" / "report.json")]), root / "simulated"),

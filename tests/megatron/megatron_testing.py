@@ -87,22 +87,90 @@ def megatron_model(directory: Path | str, **kwargs: Any) -> Any:
     return MegatronModel(model_id=str(directory), **kwargs)
 
 
-def shared_a_adapter(directory: Path, family: str = "qwen2") -> Path:
-    """A peft adapter on ``hf_model(family)`` with random B and q/k/v (gate/up) sharing A, as megatron fuses them."""
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def shared_a_adapter(directory: Path, family: str = "qwen2", lm_head: bool = False, **overrides: Any) -> Path:
+    """A peft adapter on ``hf_model(family, **overrides)`` with random B and q/k/v (gate/up) sharing A, as megatron
+    fuses them; ``lm_head``: the output layer too (peft's save_pretrained then adds a copy of its base weight)."""
+    import warnings
+
     from peft import LoraConfig, get_peft_model
 
-    peft_model = get_peft_model(hf_model(family), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    with torch.no_grad():
-        for layer in peft_model.base_model.model.model.layers:
-            for shared, others in ((layer.self_attn.q_proj, (layer.self_attn.k_proj, layer.self_attn.v_proj)),
-                                   (layer.mlp.gate_proj, (layer.mlp.up_proj,))):
-                for other in others:
-                    other.lora_A["default"].weight.copy_(shared.lora_A["default"].weight)
-            for name, param in layer.named_parameters():
-                if "lora_B" in name:
-                    param.normal_(std=0.1)
-    peft_model.save_pretrained(str(directory))
+    targets = ALL_LINEAR + ["lm_head"] if lm_head else "all-linear"
+    with warnings.catch_warnings():  # peft: a tied lm_head without ensure_weight_tying; embedding layers saved
+        warnings.simplefilter("ignore", UserWarning)
+        peft_model = get_peft_model(hf_model(family, **overrides),
+                                    LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+        with torch.no_grad():
+            for layer in peft_model.base_model.model.model.layers:
+                for shared, others in ((layer.self_attn.q_proj, (layer.self_attn.k_proj, layer.self_attn.v_proj)),
+                                       (layer.mlp.gate_proj, (layer.mlp.up_proj,))):
+                    for other in others:
+                        other.lora_A["default"].weight.copy_(shared.lora_A["default"].weight)
+                for name, param in layer.named_parameters():
+                    if "lora_B" in name:
+                        param.normal_(std=0.1)
+            if lm_head:
+                peft_model.base_model.model.lm_head.lora_B["default"].weight.normal_(std=0.1)
+        peft_model.save_pretrained(str(directory))
     return directory
+
+
+# ------------------------------------------------------------------ gradients against peft's
+#: megatron's fused layers share one LoRA A: its gradient is the sum of those of peft's separate A matrices
+_SHARED_A = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+
+
+def next_token_loss_sum(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum of per-token cross-entropies of the next tokens: what megatron's backward runs on (before the division by
+    the window's token count at the step)."""
+    labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+
+
+def peft_grads(peft_model: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """peft's LoRA gradients of :func:`next_token_loss_sum`, under PEFT file keys."""
+    peft_model.zero_grad(set_to_none=True)
+    logits = peft_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    next_token_loss_sum(logits, batch).backward()
+    return {n.replace(".default", ""): p.grad.detach().clone() for n, p in peft_model.named_parameters()
+            if "lora_" in n}
+
+
+def adapter_grads(model: Any, adapter: str | None = None) -> dict[str, torch.Tensor]:
+    """The LoRA gradients of a megatron model's adapter under PEFT file keys (full across TP; collective under TP):
+    each LoRA tensor swapped with its gradient for one ``get_state_dict``."""
+    params = [p for _, p in model.backend.adapters.named_parameters(model._group(adapter))]
+    saved = [p.data for p in params]
+    try:
+        for p in params:
+            p.data = p.grad if p.grad is not None else torch.zeros_like(p)
+        return {k: v.clone() for k, v in model.get_state_dict(adapter_name=adapter).items()}
+    finally:
+        for p, data in zip(params, saved, strict=True):
+            p.data = data
+
+
+def _parent(key: str) -> str:
+    """``...layers.0.self_attn.q_proj.lora_A.weight`` -> ``...layers.0.self_attn``."""
+    return key.rsplit(".", 4)[0]
+
+
+def grad_diffs(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Max abs difference per PEFT key relative to the reference's largest entry (a fused layer's shared A against
+    the sum of peft's A gradients of its projections)."""
+    out = {}
+    for key, grad in ours.items():
+        fused = _SHARED_A.get(key.split(".")[-3])
+        if ".lora_A." in key and fused is not None:
+            want = sum(g for k, g in ref.items() if ".lora_A." in k and _parent(k) == _parent(key)
+                       and _SHARED_A.get(k.split(".")[-3]) == fused)
+        else:
+            want = ref[key]
+        out[key] = float((grad - want).abs().max() / want.abs().max())
+    return out
 
 
 # ------------------------------------------------------------------ multi-process training scenarios

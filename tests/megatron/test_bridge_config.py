@@ -65,8 +65,9 @@ def test_moe_arguments_build_a_megatron_config_for_expert_parallelism():
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4), r"model_type='gpt2'.*Supported model types: llama, "
-                                                                  r"mistral, qwen2, qwen3, qwen3_moe"),
+        (transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4),
+         r"model_type='gpt2'.*Supported model types: deepseek_v3, llama, mistral, qwen2, qwen3, qwen3_5_moe_text, "
+         r"qwen3_5_text, qwen3_moe"),
         (tiny_config("qwen2", hidden_act="gelu"), r"hidden_act='gelu' is not mapped"),
         (tiny_config("llama", attention_bias=True, mlp_bias=False), r"attention_bias=True with mlp_bias=False"),
         (tiny_config("qwen2", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}),

@@ -29,14 +29,15 @@ def model(tmp_path_factory):
 @pytest.fixture
 def as_rank(model):
     """``as_rank(cp, r, **sizes)``: the model believes it is context-parallel rank r of cp (restored afterwards)."""
-    sizes, ranks = model.sizes, model.ranks
+    backend = model.backend
+    sizes, ranks = backend.sizes, backend.ranks
 
     def play(cp: int, rank: int, **more) -> None:
-        model.sizes = dataclasses.replace(sizes, cp=cp, **more)
-        model.ranks = dataclasses.replace(ranks, cp=rank)
+        backend.sizes = dataclasses.replace(sizes, cp=cp, **more)
+        backend.ranks = dataclasses.replace(ranks, cp=rank)
 
     yield play
-    model.sizes, model.ranks = sizes, ranks
+    backend.sizes, backend.ranks = sizes, ranks
 
 
 def expected_positions(length: int, cp: int, rank: int) -> list[int]:
@@ -50,7 +51,8 @@ def _pieces(model, as_rank, batch, cp, **more):
     out = []
     for rank in range(cp):
         as_rank(cp, rank, **more)
-        out.append(model._model_batch(group, dict(batch)))
+        (piece,) = model.backend.prepare(dict(batch), group, "causal_lm", {})  # megatron's layout of the batch
+        out.append(piece)
     return out
 
 
@@ -93,7 +95,8 @@ def test_losses_and_accuracy_of_the_rank_shares_add_up_to_the_whole_rows(model, 
         as_rank(2, rank)
         shard = logits[:, piece["position_ids"][0]].clone()  # what this rank's forward computes
         correct += int(vp.argmax_matches(shard, piece[vp.NEXT_LABELS], -100)[0])
-        loss, n = model._compute_loss(group, piece, model._logits_outputs(shard), {}, consume=True)
+        loss_fn = model.backend.loss_for(group, "causal_lm", consumable=True)
+        loss, n = loss_fn.compute(piece, model.backend.logits_outputs(shard))
         total, counted = total + float(loss), counted + int(n)
     assert counted == int(items)
     assert total == pytest.approx(float(reference), rel=1e-6)
@@ -108,12 +111,12 @@ class _OwnLoss(Loss):
 def test_a_custom_loss_is_refused_under_context_parallelism(model, as_rank):
     piece = _pieces(model, as_rank, make_batch(seed=4), 2)[1]
     group = model.optimizer_group["default"]
-    outputs = model._logits_outputs(torch.randn(4, 6, VOCAB))
+    outputs = model.backend.logits_outputs(torch.randn(4, 6, VOCAB))
     with pytest.raises(MegatronConfigError, match="full logits are not assembled"):
         outputs["logits"]
     group.loss = _OwnLoss()
     try:
         with pytest.raises(MegatronConfigError, match=r"cp_size=2 .* only the default CrossEntropyLoss"):
-            model._compute_loss(group, piece, outputs, {}, consume=True)
+            model.backend.loss_for(group, "causal_lm", consumable=True).compute(piece, outputs)
     finally:
         group.loss = None

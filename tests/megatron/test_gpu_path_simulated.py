@@ -79,6 +79,18 @@ def test_a_released_slot_serves_the_next_tenant_like_a_fresh_one(run):
     assert report["tenants_reacquired"] == report["tenants_alone"]["t1"]
 
 
+def test_forward_backward_multi_on_the_gpu_path_equals_each_tenants_schedule(run):
+    """Stacked rows of two tenants through the shared module (each slot's DDP chunk collects its own gradients)
+    against each tenant's forward_backward through megatron's schedule. float32: wider matmuls reorder sums."""
+    _, report = run
+    batched = report["batched"]
+    for fused, sequential in zip(batched["losses"]["fused"], batched["losses"]["sequential"], strict=True):
+        assert fused == pytest.approx(sequential, rel=1e-5)
+    for fused, sequential in zip(batched["norms"]["fused"], batched["norms"]["sequential"], strict=True):
+        assert fused == pytest.approx(sequential, rel=1e-4)
+    assert batched["state_max_diff"] < 1e-5 and batched["steps"] == [2, 2]
+
+
 def test_bf16_lora_keeps_frozen_weights_bf16_and_fp32_master_copies(run):
     _, report = run
     bf16 = report["bf16"]
@@ -86,3 +98,14 @@ def test_bf16_lora_keeps_frozen_weights_bf16_and_fp32_master_copies(run):
     assert bf16["master_dtypes"] == ["torch.float32"] and bf16["master_numel"] == bf16["lora_numel"]
     assert bf16["grad_buffer_params_are_lora"]  # no gradient buffer (nor master copy) for a frozen weight
     assert bf16["losses"][-1] < bf16["losses"][0] - 0.2, bf16["losses"]
+
+
+def test_lm_head_lora_trains_and_resumes_through_the_gpu_path(run):
+    """The output layer's LoRA in the slot's DDP chunk and distributed optimizer; its dist-checkpoint resume (the
+    wrapped output layer keeps megatron's sharded-state names) continues bit for bit."""
+    _, report = run
+    head = report["lm_head"]
+    assert head["kind"] == "megatron-core DistributedOptimizer" and head["output_lora_in_chunk"]
+    assert {"optimizer_dist", "adapter_model.safetensors"} <= set(head["files"])
+    assert head["resumed"] == head["straight"]  # bitwise
+    assert head["output_b_max"] > 1e-3  # B starts at zero: the output layer's LoRA trained

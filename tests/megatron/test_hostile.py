@@ -61,7 +61,7 @@ def test_save_refuses_a_user_directory_and_non_finite_weights(trained, tmp_path)
     with pytest.raises(CheckpointError, match="Refusing to replace .*thesis.tex.*overwrite=True"):
         model.save("mine", output_dir=str(tmp_path))
     assert (tmp_path / "mine" / "thesis.tex").read_text() == "years of work"
-    name, param = model._group_named_parameters(model.optimizer_group["default"])[0]
+    name, param = model.backend.adapters.named_parameters(model.optimizer_group["default"])[0]
     saved = param.detach().clone()
     try:
         with torch.no_grad():

@@ -106,7 +106,7 @@ def test_a_config_without_targets_gets_pefts_defaults_on_the_fused_layer(tmp_pat
     """peft's default for qwen2 is q_proj + v_proj; megatron's linear_qkv holds q, k and v together."""
     model = megatron_model(save_hf(hf_model("qwen2"), tmp_path / "hf"))
     model.add_adapter_to_model("tenant", LoraConfig(r=4, lora_alpha=8))
-    assert model.adapters["tenant"]["suffixes"] == ["self_attention.linear_qkv"]
+    assert model.backend.adapters.info["tenant"]["suffixes"] == ["self_attention.linear_qkv"]
     path = model.save("adapter", output_dir=str(tmp_path))
     assert PeftModel.from_pretrained(hf_model("qwen2"), path).peft_config["default"].target_modules == {
         "q_proj", "k_proj", "v_proj"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 import transformers
 from megatron_testing import hf_model, make_batch, megatron_model, save_hf
 
@@ -64,7 +65,7 @@ def test_unmappable_meshes_are_refused(mesh, message):
 @pytest.fixture
 def no_weights_read(monkeypatch):
     """Fail the test if MegatronModel reads any weight."""
-    import twinkle_megatron.model.megatron_model as module
+    import twinkle_megatron.model.build as module
 
     def forbidden(*args, **kwargs):
         raise AssertionError("weights were loaded before the error")
@@ -129,7 +130,7 @@ def test_megatron_training_arguments_go_to_the_object_they_configure(tmp_path):
                            micro_batch_size=2)
     assert model.transformer_config.recompute_granularity == "selective"
     assert model.transformer_config.hidden_dropout == 0.0
-    ddp = DistributedDataParallelConfig(**ddp_settings(model))  # what Megatron DDP is built with on a GPU
+    ddp = DistributedDataParallelConfig(**ddp_settings(model.backend))  # what Megatron DDP is built with on a GPU
     assert (ddp.overlap_grad_reduce, ddp.bucket_size, ddp.use_distributed_optimizer) == (True, 1 << 20, True)
     model.set_optimizer("default", weight_decay=0.1)
     assert model.optimizer_group["default"].optimizer.lr == pytest.approx(3e-3)  # constructor default
@@ -138,11 +139,12 @@ def test_megatron_training_arguments_go_to_the_object_they_configure(tmp_path):
     batch = make_batch(seed=5)  # 4 rows: micro_batch_size=2 makes it two micro-batches
     split, whole = megatron_model(path, micro_batch_size=2), megatron_model(path)
     rows_seen = []
-    forward = split._forward_batch
-    split._forward_batch = lambda group, micro, *a: rows_seen.append(len(micro["input_ids"])) or forward(group, micro,
-                                                                                                          *a)
+    run = split.backend.run
+    split.backend.run = lambda task, micro, *a: rows_seen.append(len(micro["input_ids"])) or run(task, micro, *a)
     assert split.forward_backward(inputs=batch) == pytest.approx(whole.forward_backward(inputs=batch), rel=1e-6)
     assert rows_seen == [2, 2]
+    logits = split.forward_only(batch)["logits"]  # a forward runs the micro-batches' rows together
+    assert rows_seen[2:] == [4] and torch.equal(logits, whole.forward_only(batch)["logits"])
     with pytest.raises(TypeError, match=r"unknown arguments \['overlap_grad_reduse'\]\. Did you mean "
                                         r"overlap_grad_reduce.*DistributedDataParallelConfig fields \(.*bucket_size"):
         megatron_model(path, overlap_grad_reduse=True)

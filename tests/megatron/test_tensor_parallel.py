@@ -145,3 +145,19 @@ def test_vocab_parallel_loss_needs_about_half_the_memory(reports, single):
     print(f"loss peak bytes: TP=1 {single['large_loss_peak_bytes']}, "
           f"TP=2 {[r['large_loss_peak_bytes'] for r in reports]}, ratios {ratios}")
     assert all(0.4 <= ratio <= 0.6 for ratio in ratios), ratios
+
+
+# ------------------------------------------------------------------------------ LoRA on lm_head (vocabulary-parallel B)
+@pytest.mark.parametrize("tag", ["lm_head", "lm_head_tied"])
+def test_lm_head_lora_at_tp2_gives_pefts_logits_gradients_and_files(reports, tag):
+    """B is split over the padded vocabulary (125 -> 2 x 63): rank 1's last row is padding, which never trains and
+    never reaches the file; a peft-saved adapter (with its base lm_head copy) loads and saves back bit for bit."""
+    print(f"{tag}: logits diff {[r[f'{tag}_logits_diff'] for r in reports]}, gradient rel diff "
+          f"{[r[f'{tag}_grad_rel_diff'] for r in reports]}, gather diff {[r[f'{tag}_gather_diff'] for r in reports]}")
+    for r in reports:
+        assert r[f"{tag}_logits_diff"] <= ATOL
+        assert r[f"{tag}_grad_keys"] == ["lm_head", "lm_head"] and r[f"{tag}_grad_rel_diff"] <= 1e-5
+        assert r[f"{tag}_adapter_bit_identical"]
+        assert r[f"{tag}_gather_diff"] == 0.0 and r[f"{tag}_gathered_width"] == 126
+        assert r[f"{tag}_padding_zero"] == [True, True, True]  # zero, no gradient; real rows learn; zero after a step
+    assert [r[f"{tag}_padded_rows"] for r in reports] == [0, 1]

@@ -18,11 +18,13 @@ from typing import Any
 
 import httpx
 
-BASE_MODEL = "twinkle://tiny-qwen"
+#: The served model (the default of `twinkle serve`) and the name clients use for it (no ':', see docs/server.md).
+MODEL_ID = "twinkle://tiny-qwen"
+BASE_MODEL = "twinkle/tiny-qwen"
 #: The tiny model's LoRA layers per Tinker family (what a script would list for train_attn/mlp/unembed).
 ALL_LAYERS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
 #: Options of the shared server: small limits so the limit tests are cheap.
-SHARED_OPTIONS = ["--server.max-tenants", "6", "--server.max-rank", "16", "--server.max-request-mb", "0.25",
+SHARED_OPTIONS = ["--server.max-tenants", "4", "--server.max-rank", "16", "--server.max-request-mb", "0.25",
                   "--server.max-length", "256", "--server.seed", "0", "--server.batch-window-ms", "500"]
 
 

@@ -70,9 +70,9 @@ def reference_model(max_r: int = 16, seed: int = 0) -> Any:
     from twinkle.runtime import seed_everything
 
     seed_everything(seed)
-    from server_proc import ALL_LAYERS, BASE_MODEL
+    from server_proc import ALL_LAYERS, MODEL_ID
 
-    return MultiLoraTransformersModel(model_id=BASE_MODEL, mixed_precision="no", max_loras=2, max_r=max_r,
+    return MultiLoraTransformersModel(model_id=MODEL_ID, mixed_precision="no", max_loras=2, max_r=max_r,
                                       target_modules=ALL_LAYERS)
 
 

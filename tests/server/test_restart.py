@@ -1,4 +1,5 @@
-"""SIGKILL and restart: saved state continues exactly, lost work answers an error, never hangs.
+"""SIGKILL and restart: saved state continues exactly, lost work answers an error, never hangs, and a sampling
+snapshot taken before the kill samples its own weights after it (weights versions are persisted, issue 23 case 4).
 
 Runs on the shared server: it is killed mid-work and restarted on the same work dir and port.
 """
@@ -45,6 +46,10 @@ def test_sigkill_restart_continues_from_the_saved_state(server):
     train_steps(training, datums, 2, ADAM)
     path = training.save_state("before-crash").result().path
     expected = train_steps(training, datums, 2, ADAM)  # what continuing from the checkpoint must give
+    # a sampling snapshot of the weights at the kill: it must keep sampling exactly those after the restart
+    snapshot = training.save_weights_and_get_sampling_client().result()
+    probe = types.ModelInput.from_ints(training.get_tokenizer().encode("I am twinkle, a training workbench."))
+    snapshot_logprobs = snapshot.compute_logprobs(probe).result()
 
     # work in flight at the kill: long forwards of another model, and this client's own step queued behind them
     other = client.create_lora_training_client(base_model=BASE_MODEL, rank=2).result()
@@ -73,6 +78,12 @@ def test_sigkill_restart_continues_from_the_saved_state(server):
         training.forward_backward(datums, "cross_entropy").result()
     training.load_state_with_optimizer(path).result()
     assert train_steps(training, datums, 2, ADAM) == expected
+
+    # further steps after the restart (other data, another lr): the old snapshot still samples its own weights,
+    # loaded from its saved files, though the live model has taken as many steps as before the kill
+    train_steps(training, datums[:1], 1, types.AdamParams(learning_rate=5e-2, eps=1e-8))
+    np.testing.assert_allclose(snapshot.compute_logprobs(probe).result()[1:], snapshot_logprobs[1:], rtol=1e-5,
+                               atol=1e-6)
 
     fresh = server.service_client("alice")
     resumed = fresh.create_training_client_from_state_with_optimizer(path).result()

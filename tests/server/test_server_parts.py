@@ -20,6 +20,7 @@ from twinkle_server.paths import CheckpointDirs, PathError, parse_checkpoint_id,
 from twinkle_server.scheduler import Scheduler, Work
 from twinkle_server.store import Store
 from twinkle_server.wire import (
+    Limits,
     Sampled,
     WireError,
     decode_step_request,
@@ -107,7 +108,7 @@ def test_forward_backward_requests_decode_from_the_clients_own_encoding():
                                                                      sparse_col_indices=[2])})
     message = _request([dense, sparse], config={"clip_low_threshold": 0.7, "clip_high_threshold": 1.3})
     message.forward_only = True
-    step = decode_step_request(message.SerializeToString(), max_length=16)
+    step = decode_step_request(message.SerializeToString(), Limits(max_length=16, max_tokens=64))
     assert (step.model_id, step.seq_id, step.loss_fn, step.forward_only) == (MODEL, 7, "ppo", True)
     assert step.loss_fn_config == {"clip_low_threshold": pytest.approx(0.7), "clip_high_threshold": pytest.approx(1.3)}
     assert step.rows[0] == {"input_ids": [5, 6, 7], "target_tokens": [6, 7, 8], "weights": [0.0, 1.0, 0.5],
@@ -119,7 +120,7 @@ def test_forward_backward_requests_decode_from_the_clients_own_encoding():
 @pytest.mark.parametrize("body,words", [
     (b"\xff\xff\xff", "not a valid protobuf"),
     ("too_long", "at most 4 per datum"),
-    ("bad_length", "has 2 values for 3 input tokens"),
+    ("bad_length", r"2 values\) for 3 input tokens"),
     ("unknown_input", "built-in losses read"),
     ("nan", "NaN or infinite"),
     ("empty", "no data"),
@@ -139,7 +140,7 @@ def test_bad_forward_backward_bodies_are_clear_errors(body, words):
         del message.data[:]
         body = message.SerializeToString()
     with pytest.raises(WireError, match=words):
-        decode_step_request(body, max_length=4)
+        decode_step_request(body, Limits(max_length=4, max_tokens=64))
 
 
 def test_outputs_decode_with_the_clients_own_decoders():
@@ -280,6 +281,8 @@ class _IdleEngine:
 
     batching = False
     sampler = None
+    slots = 4
+    vocab_size = None
     targets = {"attn": ["q_proj"], "mlp": [], "unembed": []}
 
 
@@ -352,3 +355,168 @@ def test_serve_names_a_missing_keys_file_before_building_anything(capsys, monkey
                           "keygen")
     assert main(["--server.prot", "0"]) == 2
     assert "--server.prot: unknown field; did you mean 'port'?" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- paging
+class _SlotModel:
+    """The public calls the pager makes, on a model whose 'weights' are one number per tenant."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, float] = {}
+        self.calls: list[str] = []
+
+    def save(self, name, output_dir, *, adapter_name, **kwargs):
+        import json
+        from pathlib import Path
+
+        path = Path(output_dir) / name
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "w.json").write_text(json.dumps(self.weights[adapter_name]))
+        self.calls.append(f"save {adapter_name}")
+
+    def release_lora(self, tenant):
+        del self.weights[tenant]
+        self.calls.append(f"release {tenant}")
+
+    def load_lora(self, tenant, directory):
+        import json
+        from pathlib import Path
+
+        self.weights[tenant] = json.loads((Path(directory) / "w.json").read_text())
+        self.calls.append(f"load {tenant}")
+
+    def resume_from_checkpoint(self, directory, adapter_name):
+        self.calls.append(f"resume {adapter_name}")
+
+
+def test_slots_page_the_least_recently_used_idle_model_and_hold_unapplied_gradients(tmp_path):
+    from twinkle_server.paging import Pager, SlotsBusy
+
+    model = _SlotModel()
+    pager = Pager(model, 2, tmp_path, memory_bytes=0, grad_hold_s=0.3, reset_optimizer=lambda name: None)
+    for name, value in (("a", 1.0), ("b", 2.0)):
+        pager.admit(name, "train", lambda n=name, v=value: model.weights.__setitem__(n, v))
+    with pager.use(["a"]):
+        pass  # b is now the least recently used
+    pager.admit("c", "train", lambda: model.weights.__setitem__("c", 3.0))
+    assert model.calls[-2:] == ["save b", "release b"] and sorted(model.weights) == ["a", "c"]
+    with pager.use(["b"]):  # back, as it was; a (least recently used) goes
+        assert model.weights["b"] == 2.0 and "a" not in model.weights
+    pager.set_dirty("c", True)
+    pager.set_dirty("b", True)
+    with pytest.raises(SlotsBusy, match="server.max_tenants"):
+        pager.admit("d", "train", lambda: model.weights.__setitem__("d", 4.0))  # both hold gradients
+    time.sleep(0.35)  # past grad_hold_s: the older one may go, its gradients dropped
+    pager.admit("d", "train", lambda: model.weights.__setitem__("d", 4.0))
+    assert sorted(model.weights) == ["b", "d"] and pager.take_dropped("c") and not pager.take_dropped("b")
+    with pager.use(["b", "d"]):
+        with pytest.raises(SlotsBusy):  # every slot pinned by running work
+            pager.admit("e", "sample", lambda: model.weights.__setitem__("e", 0.0))
+    pager.drop("c")
+    assert not pager.known("c") and not (tmp_path / "paged" / "c").exists()
+
+
+def test_a_failed_create_model_can_be_sent_again(tmp_path):
+    """A create that failed (e.g. every slot busy) is not remembered: the same model_seq_id works next time."""
+    from twinkle_server.config import ServerConfig, ServiceConfig
+    from twinkle_server.paths import CheckpointDirs
+    from twinkle_server.service import Service
+
+    class FlakyEngine(_IdleEngine):
+        fails = 1
+
+        def lora_config(self, lora):
+            return lora
+
+        def create(self, model_id, lora):
+            if FlakyEngine.fails:
+                FlakyEngine.fails -= 1
+                raise ValueError("every LoRA slot is busy")
+            return "v1"
+
+    store = Store(tmp_path / "registry.sqlite")
+    service = Service(ServerConfig(server=ServiceConfig()), FlakyEngine(), store, CheckpointDirs(tmp_path),
+                      arch="qwen2", tokenizer_id=None)
+    service.start()
+    try:
+        service.store.add_session("s1", "alice", None, "0.38.0")
+        request = types.CreateModelRequest(session_id="s1", model_seq_id=0, base_model="twinkle/tiny-qwen",
+                                           lora_config=types.LoraConfig(rank=4))
+        first = service.futures.get(service.create_model("alice", request)["request_id"], "alice")
+        _wait([first])
+        assert first.state == "failed" and "busy" in first.error
+        second = service.futures.get(service.create_model("alice", request)["request_id"], "alice")
+        _wait([second])
+        assert second.state == "done" and second.id != first.id
+    finally:
+        service.stop()
+        store.close()
+
+
+def test_a_session_timeout_below_the_clients_heartbeat_is_refused():
+    from twinkle_server.config import ServiceConfig
+
+    with pytest.raises(ConfigError, match="session_timeout_s"):
+        ServiceConfig(session_timeout_s=5)
+    assert ServiceConfig(session_timeout_s=0).session_timeout_s == 0  # never
+    assert ServiceConfig(session_timeout_s=30).session_timeout_s == 30
+
+
+def test_queued_requests_of_an_expired_session_fail_saying_so(service):
+    service.store.add_session("s1", "alice", None, "0.38.0")
+    service.store.add_model("s1:train:0", "alice", "s1", "base", {"rank": 4}, None)
+    queued = [service.submit("alice", "optim_step", "s1:train:0", 2 + i, run=lambda: Result({})) for i in range(2)]
+    service.store._db.execute("UPDATE sessions SET heartbeat = heartbeat - 120 WHERE id = 's1'")
+    service.expire_sessions()
+    for record in queued:
+        assert record.state == "failed" and record.error.startswith("session expired: session 's1' has ended")
+
+
+def test_served_names_have_no_colon():
+    from twinkle_server.config import ServerConfig, hub_id, served_name
+
+    assert served_name("twinkle://tiny-qwen") == "twinkle/tiny-qwen"
+    assert served_name("ms://Qwen/Qwen3-0.6B") == served_name("hf://Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
+    assert served_name("/models/my:model/") == "my-model"
+    assert hub_id("ms://Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B" and hub_id("/models/x") is None
+    config = ServerConfig()
+    assert config.base_model_name == "twinkle/tiny-qwen"
+    assert config.base_model_aliases == ("twinkle/tiny-qwen", "twinkle://tiny-qwen")
+
+
+def test_sliced_work_takes_turns_with_other_keys_and_can_wait_for_a_slot(table):
+    """A sliced request (a generator) runs one slice per turn; a light key's request runs between two slices;
+    a slice that found every slot busy (RETRY) runs again later; cancelling stops it after its slice."""
+    from twinkle_server.scheduler import RETRY
+
+    order: list[str] = []
+
+    def heavy():
+        for i in range(4):
+            order.append(f"slice{i}")
+            yield RETRY if i == 1 else None
+        return Result({"done": True})
+
+    def heavy_forever():
+        while True:
+            order.append("forever")
+            yield None
+
+    scheduler = Scheduler(table, Metrics(), _Recorder(), batching=False)
+    big = Work(table.create("bob", None, "sample"), "sample", None, None, run=heavy)
+    scheduler.submit(big)
+    scheduler.start()
+    time.sleep(0.05)
+    light = Work(table.create("alice", None, "optim_step"), "optim_step", None, None,
+                 run=lambda: order.append("light") or Result({}))
+    scheduler.submit(light)
+    _wait([big.future, light.future])
+    assert big.future.result.json == {"done": True} and order.count("light") == 1
+    assert order.index("light") < order.index("slice3")  # it did not wait for the whole request
+    endless = Work(table.create("bob", None, "sample"), "sample", None, None, run=heavy_forever)
+    scheduler.submit(endless)
+    time.sleep(0.05)
+    scheduler.drop(lambda w: w.future.id == endless.future.id, "cancelled by the client (cancel_future)")
+    _wait([endless.future])
+    assert endless.future.state == "failed" and "cancelled" in endless.future.error
+    scheduler.stop()

@@ -15,7 +15,7 @@ ADAM = {"learning_rate": 2e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight
 def test_sft_loop_through_the_client_equals_the_component_api(server, alice):
     training = alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=1234).result()
     info = training.get_info()
-    assert (info.model_data.model_name, info.lora_rank, info.is_lora) == (BASE_MODEL, 8, True)
+    assert (info.model_data.model_name, info.lora_rank, info.is_lora) == (BASE_MODEL, 8, True)  # no ":" in it
     tokenizer = training.get_tokenizer()  # loads offline from the tokenizer_id the server reports
     datums = sft_datums(tokenizer)
 

@@ -30,6 +30,16 @@ def test_default_job_trains_the_embedded_model_and_prints_a_summary(tmp_path: Pa
     losses = [r["loss"] for r in records if "loss" in r]
     assert len(losses) == 4 and f"final loss {losses[-1]:.4f}" in proc.stdout
     assert (work_dir / "best-checkpoint" / "adapter_model.safetensors").is_file()
+    # the final lines point to the curves; `twinkle plot` draws them from this work_dir
+    assert f"twinkle plot {work_dir}" in proc.stdout
+    from twinkle.trainer.plot import plot
+
+    drawn = plot(work_dir)
+    assert drawn.png.is_file() and drawn.png.stat().st_size > 10_000
+    assert drawn.series["loss"] == ([1, 2, 3, 4], losses)
+    assert drawn.series["eval_loss"][0] == [2, 4] and {"lr", "grad_norm", "tokens_per_second"} <= set(drawn.series)
+    assert {line.get_label() for axis in drawn.figure.axes for line in axis.get_lines()} == {
+        "train loss", "eval loss", "lr", "grad norm", "tokens/s"}
 
 
 def test_ctrl_c_stops_after_saving_a_complete_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -29,7 +29,7 @@ from twinkle.trainer import ConfigError, Trainer, TrainerConfig
     ({"total_step": 3, "profile_step": [0]}, "profile_step: invalid value 0; expected int or list of int >= 1"),
     ({"total_step": 3, "model": {"mixed_precision": "bf32"}}, "model.mixed_precision"),
     ({"total_step": 3, "infra": {"dp_size": 0}}, "infra.dp_size: invalid value 0; expected int >= 1"),
-    ({"total_step": 3, "work_dir": 3}, "work_dir: invalid value 3; expected path, got int"),
+    ({"total_step": 3, "work_dir": 3}, "work_dir: invalid value 3; expected path or none, got int"),
 ])
 def test_bad_config_names_the_field(data: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -58,3 +58,15 @@ def test_clean_stale_removes_only_temporary_directories(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
     store.clean_stale(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [keep.name]
+
+
+def test_rotation_never_deletes_the_checkpoint_just_written_nor_a_protected_one(tmp_path: Path) -> None:
+    from twinkle.checkpoint import rotate
+
+    paths = [_save(tmp_path, step) for step in (1, 2, 3, 4)]
+    assert store.rotate(tmp_path, 1, written=paths[0]) == paths[1:3]  # the newest and the one just written stay
+    assert [p.name for _, p in store.list_checkpoints(tmp_path)] == ["step-00000001", "step-00000004"]
+    family = [*paths[:1], paths[3], tmp_path / "best"]
+    (tmp_path / "best").mkdir()
+    assert rotate(family, 1, protected={"best"}) == [paths[0]]  # "best" neither counts nor goes
+    assert (tmp_path / "best").is_dir() and rotate(family[1:], 0) == []

@@ -39,7 +39,7 @@ def test_fit_writes_rotated_checkpoints_records_traces_exports_and_best(tmp_path
     assert len(evals) == 2 and result.best_eval_loss == min(evals)
     assert (wd / "best-checkpoint" / "adapter_model.safetensors").is_file()
 
-    trace = json.loads((wd / "profile" / "trace-step-2.json").read_text())
+    trace = json.loads((wd / "logs" / "profile" / "trace-step-2.json").read_text())
     assert trace["traceEvents"]
 
     # hf_max_keep=1: only the newest export; merged: a plain HF model computing what base+LoRA computes

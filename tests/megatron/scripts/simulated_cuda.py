@@ -54,7 +54,7 @@ def model(path: Path, **kwargs):
     from megatron_testing import megatron_model
 
     m = megatron_model(path, **kwargs)
-    m.device_type = "cuda"  # from here on MegatronModel takes its GPU code path
+    m.backend.device_type = "cuda"  # from here on MegatronModel takes its GPU code path
     return m
 
 
@@ -85,7 +85,7 @@ def main() -> None:
 
     single = fresh(path)
     report["optimizer_kind"] = single.optimizer_group["default"].optimizer.kind
-    report["model_wrapped"] = type(single._module_for(single.optimizer_group["default"])).__name__
+    report["model_wrapped"] = type(single.backend.group_module(single.optimizer_group["default"])).__name__
     data = make_batch(seed=7)
     losses, norms = [], []
     for micro in (1, 2, 4):
@@ -114,8 +114,39 @@ def main() -> None:
         report["lora_losses"].append(float(lora.forward_backward(inputs=fixed, num_microbatches=2)))
         lora.clip_grad_and_step(1.0)
     report.update(several_tenants(path))
+    report.update(tenants_batched(path))
     report.update(bf16_lora(path))
+    report.update(lm_head_lora(path, out))
     out.write_text(json.dumps(report))
+
+
+def lm_head_lora(path: Path, out: Path) -> dict:
+    """LoRA on lm_head on the GPU path: megatron's DDP and DistributedOptimizer over the output layer's LoRA, and a
+    dist-checkpoint save and resume of its optimizer state (GPTModel's sharded_state_dict reads the wrapped output
+    layer's weight under its own name, ``output_layer.weight``)."""
+    from peft import LoraConfig
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "lm_head"])
+
+    def fresh_lora():
+        m = model(path)
+        m.add_adapter_to_model("a", config)
+        m.set_optimizer("default", lr=2e-2, adapter_name="a")
+        return m
+
+    straight = run(fresh_lora(), 0, 4, adapter="a")
+    first = fresh_lora()
+    head = run(first, 0, 2, adapter="a")
+    checkpoint = Path(first.save("lm-head-step-2", output_dir=str(out.parent), adapter_name="a", save_optimizer=True))
+    driver = first.optimizer_group["a"].optimizer
+    output_lora = {id(p) for n, p in first.gpt.named_parameters() if n.startswith("output_layer.lora_")}
+    resumed = fresh_lora()
+    resumed.resume_from_checkpoint(str(checkpoint), adapter_name="a")
+    return {"lm_head": {"straight": straight, "resumed": head + run(resumed, 2, 2, adapter="a"),
+                        "files": sorted(p.name for p in checkpoint.iterdir()),
+                        "output_b_max": float(first.gpt.output_layer.lora_B["a"].abs().max()),
+                        "kind": driver.kind, "output_lora_in_chunk": len(output_lora) == 2 and output_lora <= {
+                            id(p) for p in driver.chunks[0].params_with_grad}}}
 
 
 def several_tenants(path: Path, mixed_precision: str = "no") -> dict:
@@ -135,7 +166,7 @@ def several_tenants(path: Path, mixed_precision: str = "no") -> dict:
 
     def multi():
         m = MultiLoraMegatronModel(model_id=str(path), mixed_precision=mixed_precision, max_loras=2, max_r=8)
-        m.device_type = "cuda"  # simulated: take the GPU code path (already so on a GPU)
+        m.backend.device_type = "cuda"  # simulated: take the GPU code path (already so on a GPU)
         for tenant, config in configs.items():
             m.multi_lora.acquire_lora(tenant, config)
             m.set_optimizer("default", lr=2e-2, adapter_name=tenant)
@@ -148,7 +179,7 @@ def several_tenants(path: Path, mixed_precision: str = "no") -> dict:
 
     def digest(m, tenant):
         h = hashlib.sha256()
-        for _, p in m._group_named_parameters(m._group(tenant)):
+        for _, p in m.backend.adapters.named_parameters(m._group(tenant)):
             h.update(p.detach().float().numpy().tobytes())
         return h.hexdigest()
 
@@ -170,8 +201,8 @@ def several_tenants(path: Path, mixed_precision: str = "no") -> dict:
         "kinds": [d.kind for d in drivers],
         "own_chunks": drivers[0].chunks[0] is not drivers[1].chunks[0],
         "chunk_params_are_the_slot": all(
-            {id(p) for p in d.chunks[0].params_with_grad} == {id(p) for p in m._ddp_parameters(m._group(t))}
-            for d, t in zip(drivers, configs)),
+            {id(p) for p in d.chunks[0].params_with_grad}
+            == {id(p) for p in m.backend.adapters.ddp_parameters(m._group(t))} for d, t in zip(drivers, configs)),
     }
     m.multi_lora.release_lora("t1")
     m.multi_lora.acquire_lora("t3", configs["t1"])
@@ -181,6 +212,44 @@ def several_tenants(path: Path, mixed_precision: str = "no") -> dict:
     reacquired = [step(m, "t3", s) for s in seeds["t1"]]
     return {"tenants_alone": alone, "tenants_interleaved": interleaved, "tenants_untouched": untouched,
             "tenants_reacquired": reacquired, "tenants_bookkeeping": bookkeeping}
+
+
+def tenants_batched(path: Path) -> dict:
+    """forward_backward_multi on the GPU path (the tenants' rows stacked, each slot with its own Megatron-DDP chunk
+    and distributed optimizer) against each tenant's own forward_backward through megatron's schedule."""
+    from megatron_testing import make_batch
+    from peft import LoraConfig
+
+    from twinkle.model import MultiLoraMegatronModel
+
+    configs = {"t1": LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
+               "t2": LoraConfig(r=8, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])}
+
+    def multi():
+        m = MultiLoraMegatronModel(model_id=str(path), mixed_precision="no", max_loras=2, max_r=8)
+        m.backend.device_type = "cuda"  # simulated: take the GPU code path
+        for i, (tenant, config) in enumerate(configs.items()):
+            m.acquire_lora(tenant, config, seed=i)
+            m.set_optimizer("default", lr=2e-2, adapter_name=tenant)
+        return m
+
+    fused, sequential = multi(), multi()
+    losses, norms = {"fused": [], "sequential": []}, {"fused": [], "sequential": []}
+    for step in range(2):  # B starts at zero: the second step trains A too
+        batches = {"t1": make_batch(seed=80 + step, rows=2), "t2": make_batch(seed=90 + step, rows=3, length=9)}
+        losses["fused"].append({t: float(v) for t, v in fused.forward_backward_multi(batches).items()})
+        losses["sequential"].append({t: float(sequential.forward_backward(b, adapter_name=t))
+                                     for t, b in batches.items()})
+        for name, m in (("fused", fused), ("sequential", sequential)):
+            norms[name].append({t: m.clip_grad_norm(1.0, adapter_name=t) for t in configs})
+            for t in configs:
+                m.clip_grad_and_step(1.0, adapter_name=t)
+    diff = 0.0
+    for t in configs:
+        a, b = fused.get_state_dict(adapter_name=t), sequential.get_state_dict(adapter_name=t)
+        diff = max([diff] + [float((a[k] - b[k]).abs().max()) for k in b])
+    return {"batched": {"losses": losses, "norms": norms, "state_max_diff": diff,
+                        "steps": [fused._group(t).cur_step for t in configs]}}
 
 
 def bf16_lora(path: Path) -> dict:

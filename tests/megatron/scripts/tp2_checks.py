@@ -3,11 +3,13 @@
 Scenarios, in order (the parallel state is rebuilt between layouts):
 TP=2 -- logits/weights/adapters against HF and peft; 5 steps of full training (Qwen3: q/k norms) with a resume
 from a step-3 checkpoint; 5 steps of LoRA training (Qwen2); the vocab-parallel loss on a large vocabulary with
-its peak memory; a custom loss reading the gathered logits.
+its peak memory; a custom loss reading the gathered logits; LoRA on lm_head (untied and tied embeddings) against
+peft: logits, gradients, files, the padded vocabulary row, runtime_gather_output.
 DP=2 -- the same full and LoRA training, each rank on its half of every batch.
 CP=2 groups -- the CPU driver sums token counts and gradients over data x context parallel ranks.
 
 argv: <qwen2 dir> <qwen3 dir> <peft adapter dir (on qwen2)> <large-vocab qwen2 dir> <output dir>
+      <tied qwen2 dir> <peft adapter with lm_head on qwen2> <the same on tied qwen2>
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from megatron_testing import (  # noqa: E402
     ADAM_EPS,
     TRAIN_LR,
     VOCAB_LARGE,
+    adapter_grads,
+    grad_diffs,
     lora_config,
     loss_peak_bytes,
     make_batch,
+    peft_grads,
     rows,
     train,
     train_batches,
@@ -86,7 +91,7 @@ def layout_checks(qwen2: Path, qwen3: Path, adapter: Path, mesh: DeviceMesh, out
     """Forward, weights and adapters at TP=2 against HF / peft."""
     rank, b = dist.get_rank(), batch()
     model = MegatronModel(model_id=str(qwen2), device_mesh=mesh, mixed_precision="no")
-    report["tp_rank"] = model.ranks.tp
+    report["tp_rank"] = model.backend.ranks.tp
     report["vocab_rows_on_this_rank"] = int(model.gpt.embedding.word_embeddings.weight.shape[0])
     hf = AutoModelForCausalLM.from_pretrained(str(qwen2), dtype=torch.float32).eval()
     report["qwen2_logits_diff"] = max_diff(model.forward_only(inputs=b)["logits"], hf_logits(hf, b),
@@ -158,6 +163,52 @@ def vocab_parallel_loss(large: Path, mesh: DeviceMesh, report: dict) -> None:
     report["large_custom_loss"] = float(model.forward_backward(inputs=data))
 
 
+def lm_head_lora(base: Path, adapter: Path, tied: bool, mesh: DeviceMesh, out: Path, report: dict) -> None:
+    """A peft adapter with lm_head (its base-weight copy included) at TP=2: logits and gradients against peft, the
+    saved files, this rank's padded vocabulary rows of B (zero, no gradient, still zero after a step), and
+    ``runtime_gather_output=True`` (the delta gathered with the output)."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    tag = "lm_head_tied" if tied else "lm_head"
+    b = make_batch(seed=5)
+    model = MegatronModel(model_id=str(base), device_mesh=mesh, mixed_precision="no")
+    model.add_adapter_to_model("h", str(adapter))
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32),
+                                           str(adapter), is_trainable=True).eval()
+    report[f"{tag}_logits_diff"] = max_diff(model.forward_only(inputs=b)["logits"], hf_logits(peft_model, b),
+                                            b["attention_mask"])
+    saved = Path(model.save(f"tp2-{tag}", output_dir=str(out)))
+    dist.barrier()
+    source, written = (load_file(str(d / "adapter_model.safetensors")) for d in (adapter, saved))
+    copy = "base_model.model.lm_head.base_layer.weight"
+    report[f"{tag}_adapter_bit_identical"] = copy in source and set(source) - {copy} == set(written) and all(
+        torch.equal(source[k], written[k]) for k in written)
+
+    model.set_optimizer("default", lr=1e-2)
+    model.forward_backward(inputs=b)
+    diffs = grad_diffs(adapter_grads(model), peft_grads(peft_model, b))
+    report[f"{tag}_grad_keys"] = sorted(k.split(".")[-3] for k in diffs if "lm_head" in k)
+    report[f"{tag}_grad_rel_diff"] = max(diffs.values())
+    layer = model.gpt.output_layer
+    real = layer.real_rows
+    report[f"{tag}_padded_rows"] = layer.lora_B["h"].shape[0] - real
+    padding_zero = [bool(not layer.lora_B["h"][real:].any() and not layer.lora_B["h"].grad[real:].any()),
+                    bool(layer.lora_B["h"].grad[:real].abs().sum() > 0)]
+
+    gen = torch.Generator().manual_seed(9)
+    hidden = torch.randn(5, 2, 64, generator=gen)
+    shared = model.gpt.embedding.word_embeddings.weight if tied else None
+    with torch.no_grad():
+        part, _ = layer(hidden, weight=shared)
+        full, _ = layer(hidden, weight=shared, runtime_gather_output=True)
+        report[f"{tag}_gather_diff"] = float((full - gather_from_tensor_model_parallel_region(part)).abs().max())
+    report[f"{tag}_gathered_width"] = int(full.shape[-1])
+
+    model.clip_grad_and_step(1.0)
+    padding_zero.append(bool(not layer.lora_B["h"][real:].any()))
+    report[f"{tag}_padding_zero"] = padding_zero
+
+
 def context_parallel_token_counts(report: dict) -> None:
     """CP=2 process groups: the CPU driver sums gradients and token counts over data x context parallel ranks."""
     from twinkle_megatron.model.drivers import TorchDriver
@@ -178,7 +229,7 @@ class _Config:
 
 
 def main() -> None:
-    qwen2, qwen3, adapter, large, out = (Path(p) for p in sys.argv[1:6])
+    qwen2, qwen3, adapter, large, out, tied, lm_head, lm_head_tied = (Path(p) for p in sys.argv[1:9])
     mesh = DeviceMesh.from_sizes(tp_size=2)
     runtime = twinkle.initialize(global_device_mesh=mesh, seed=0)
     rank, report = runtime.rank, {}
@@ -186,6 +237,8 @@ def main() -> None:
     layout_checks(qwen2, qwen3, adapter, mesh, out, report)
     training(qwen2, qwen3, mesh, out, "tp2", report)
     vocab_parallel_loss(large, mesh, report)
+    lm_head_lora(qwen2, lm_head, False, mesh, out, report)
+    lm_head_lora(tied, lm_head_tied, True, mesh, out, report)
 
     dp_mesh = DeviceMesh.from_sizes(dp_size=2)
     state.destroy()

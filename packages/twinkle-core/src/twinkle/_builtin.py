@@ -70,8 +70,10 @@ def register_templates():
         for module, name in (
             ("base", "Template"), ("chatml", "ChatMLTemplate"), ("qwen", "Qwen2_5Template"),
             ("qwen", "Qwen3Template"), ("qwen", "Qwen3_5Template"), ("llama", "Llama3Template"),
+            ("deepseek", "DeepSeekR1Template"), ("deepseek", "DeepSeekV4Template"), ("others", "MistralTemplate"),
+            ("others", "YiTemplate"), ("others", "GLM4Template"), ("others", "InternLM2Template"),
             ("vl", "VLTemplate"), ("vl", "Qwen2VLTemplate"), ("vl", "Qwen2_5VLTemplate"), ("vl", "Qwen3VLTemplate"),
-            ("vl", "Qwen3_5VLTemplate"),
+            ("vl", "Qwen3_5VLTemplate"), ("internvl", "InternVL2_5Template"),
         )
     }
 
@@ -100,3 +102,8 @@ def register_kernels():
     # torch reference choices, the last link of every chain (see twinkle/kernel/torch_choices.py)
     ops = ("rms_norm", "swiglu", "rotary_embedding", "attention", "cross_entropy", "fused_linear_cross_entropy")
     return {f"torch.{op}": f"twinkle.kernel.torch_choices:TORCH_{op.upper()}" for op in ops}
+
+
+@hookimpl
+def register_probers():
+    return {name: f"twinkle.trainer.probes:{name}" for name in ("AccProber", "TimeProber")}

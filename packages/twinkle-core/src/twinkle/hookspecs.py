@@ -135,3 +135,13 @@ def register_commands() -> Specs:
     only when NAME runs and passes it every argument after NAME (its own ``--help`` included); a
     ``ComponentSpec(description=...)`` gives the line ``twinkle --help`` shows.
     """
+
+
+@hookspec
+def register_probers() -> Specs:
+    """Trainer probers (``prober_list``), e.g. ``{"AccProber": "twinkle.trainer.probes:AccProber"}``.
+
+    A prober is a :class:`twinkle.trainer.probes.Prober` subclass: it attaches hooks to the model's modules
+    and, at the Trainer's ``profile_step`` steps, records per-module activation, gradient or timing
+    statistics, written under ``log_dir/probes`` and summarised to the experiment tracker.
+    """

@@ -151,3 +151,20 @@ def _hf_failure(exc: Exception, repo_type: str, revision: str | None) -> str | N
         return (f"the Hugging Face Hub ({constants.ENDPOINT}) could not be reached ({why}) and the {repo_type} "
                 f"is not in the cache ({cache}); check the network (or HF_ENDPOINT), or give a local directory.")
     return None
+
+
+def portable_id(model_id: str | None) -> str | None:
+    """What a checkpoint names as its base (``adapter_config.json``'s ``base_model_name_or_path``): the id the
+    user gave, never a path into a cache or into twinkle's install.
+
+    ``ms://org/name`` and ``hf://org/name`` become ``org/name`` (what peft's ``AutoPeftModel`` and the hubs'
+    clients load); ``twinkle://NAME`` (an embedded model, :func:`resolve_path` finds it) and a path are kept as
+    the user wrote them. None: nothing to say (a model built from a config).
+    """
+    if not model_id:
+        return None
+    text = str(model_id)
+    for prefix in ("ms://", "hf://"):
+        if text.startswith(prefix):
+            return text[len(prefix):].strip("/")
+    return text

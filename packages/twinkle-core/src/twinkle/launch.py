@@ -56,7 +56,7 @@ class InfraConfig(Config):
     tp_size: int = opt(1, "tensor-parallel size (Megatron backend)", min=1)
     pp_size: int = opt(1, "pipeline-parallel size (Megatron backend)", min=1)
     cp_size: int = opt(1, "context (sequence) parallel size; sp_size is xtuner's name for it", min=1,
-                       aliases=("sp_size",))
+                       aliases=("sp_size",), top_aliases=("sp_size",))
     ep_size: int = opt(1, "expert-parallel size (MoE)", min=1)
     sequence_parallel: bool = opt(False, "shard activations along the sequence in tensor-parallel regions")
     device_type: Literal["cpu", "gpu", "npu"] = opt("cpu", "ray: the actors' devices")
@@ -91,13 +91,23 @@ def device_mesh(infra: InfraConfig) -> Any:
         raise ConfigError(f"infra: {exc}") from None
 
 
-def start(infra: InfraConfig, seed: int | None) -> Any:
-    """``twinkle.initialize`` with the job's mesh; ray mode declares one group (:data:`RAY_GROUP`) of all ranks."""
+def start(infra: InfraConfig, seed: int | None, backend: str | None = None) -> Any:
+    """``twinkle.initialize`` with the job's mesh; ray mode declares one group (:data:`RAY_GROUP`) of all ranks.
+
+    ``backend``: the torch.distributed backend of a multi-process local run (None: the platform's).
+    """
     import twinkle
 
     mesh = device_mesh(infra)
     if infra.mode != "ray":
-        return twinkle.initialize(mode="local", global_device_mesh=mesh, seed=seed)
+        try:
+            return twinkle.initialize(mode="local", global_device_mesh=mesh, seed=seed, backend=backend)
+        except (ValueError, RuntimeError) as exc:
+            if backend is None:
+                raise
+            raise ConfigError(f"backend: {backend!r} could not start torch.distributed ({exc}); use one this machine "
+                              "has (gloo on CPU, nccl on NVIDIA GPUs, 'cpu:gloo,cuda:nccl') or leave it unset.",
+                              option="backend") from exc
     from twinkle import DeviceGroup
 
     return twinkle.initialize(

@@ -43,6 +43,7 @@ KINDS: dict[str, str] = {
     "advantage": "register_advantages",
     "reward": "register_rewards",
     "command": "register_commands",
+    "prober": "register_probers",
 }
 
 #: Components of twinkle's own packages, so a missing one names the package to install.
@@ -66,7 +67,7 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
 FIRST_PARTY = frozenset({"twinkle-core", "twinkle-hf", "twinkle-megatron", "twinkle-npu", "twinkle-server"})
 #: Callable kinds: a name must resolve to a class or function, never a module or a constant.
 CALLABLE_KINDS = frozenset({"loss", "metric", "optimizer", "lr_scheduler", "template", "preprocessor", "processor",
-                            "patch"})
+                            "patch", "prober"})
 
 
 @dataclass(frozen=True)

@@ -116,12 +116,14 @@ def initialize(
     timeout_s: float | None = None,
     ray_address: str | None = None,
     num_cpus: int | None = None,
+    backend: str | None = None,
 ) -> Runtime:
     """Set up this process for training and return the :class:`Runtime`.
 
     local: under ``torchrun`` (``WORLD_SIZE > 1``) this initialises torch.distributed with the
     detected platform's backend unless it already is; the mesh must cover exactly the launched
-    processes. ray: this process is the driver; it starts (or joins ``ray_address``) a Ray cluster,
+    processes (``backend`` replaces the platform's, e.g. ``'gloo'`` or ``'cpu:gloo,cuda:nccl'``). ray: this process
+    is the driver; it starts (or joins ``ray_address``) a Ray cluster,
     and each ``@remote_class`` component built with ``remote_group=`` becomes one actor per rank of
     that group. ``timeout_s`` bounds collectives (local) and remote calls (ray).
     """
@@ -161,7 +163,7 @@ def initialize(
 
         if not dist.is_initialized():
             kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-            dist.init_process_group(backend=platform.dist_backend, rank=rank, world_size=world_size, **bound,
+            dist.init_process_group(backend=backend or platform.dist_backend, rank=rank, world_size=world_size, **bound,
                                     **kwargs)
             # A script should not have to remember destroy_process_group; see _close_process_groups.
             atexit.register(_close_process_groups)

@@ -49,6 +49,7 @@ def split_megatron_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 def transformer_config(args: ModelArgs, sizes: ParallelSizes, mixed_precision: str, device_type: str,
                        use_te: bool, overrides: dict[str, Any], init_weights: bool) -> Any:
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
 
     dtype = _param_dtype(mixed_precision, device_type)
     kwargs = args.transformer_kwargs()
@@ -67,20 +68,32 @@ def transformer_config(args: ModelArgs, sizes: ParallelSizes, mixed_precision: s
         kwargs.update(fp8="hybrid", fp8_recipe="delayed")
     kwargs.update(overrides)
     try:
-        return TransformerConfig(**kwargs)
+        return (MLATransformerConfig if args.mla else TransformerConfig)(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
         raise MegatronConfigError(f"megatron-core rejected the TransformerConfig: {exc}") from exc
 
 
 def layer_spec(args: ModelArgs, config: Any, use_te: bool) -> Any:
-    """Transformer Engine spec when TE imports, else the local (pure megatron-core) spec."""
+    """Transformer Engine spec when TE imports, else the local (pure megatron-core) spec.
+
+    MLA (DeepSeek) and the attention output gate (Qwen3.5) come from the config; zero-centred norms
+    (Qwen3.5) are TE's ``layernorm_zero_centered_gamma``; the local spec gets them, and MLA a core attention it
+    can build, from :mod:`twinkle_megatron.local_spec`.
+    """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if args.num_experts:
         return specs.get_gpt_decoder_block_spec(config, use_transformer_engine=use_te, normalization="RMSNorm")
     if use_te:
-        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=args.qk_layernorm)
-    return specs.get_gpt_layer_local_spec(qk_layernorm=args.qk_layernorm, normalization="RMSNorm")
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=args.qk_layernorm,
+                                                                multi_latent_attention=bool(args.mla))
+    spec = specs.get_gpt_layer_local_spec(qk_layernorm=args.qk_layernorm, normalization="RMSNorm",
+                                          multi_latent_attention=bool(args.mla))
+    if args.zero_centered_norm or args.mla:
+        from twinkle_megatron.local_spec import local_layer_spec
+
+        return local_layer_spec(spec, config, mla=bool(args.mla), zero_centered=args.zero_centered_norm)
+    return spec
 
 
 def mark_tensor_parallel(gpt: torch.nn.Module) -> int:
@@ -109,11 +122,12 @@ def mark_tensor_parallel(gpt: torch.nn.Module) -> int:
     return tagged
 
 
-def rank_layout(args: ModelArgs, sizes: ParallelSizes, ranks: Ranks) -> RankLayout:
+def rank_layout(args: ModelArgs, sizes: ParallelSizes, ranks: Ranks, use_te: bool = False) -> RankLayout:
     experts = expert_range(args.num_experts, ranks.ep, sizes.ep) if args.num_experts else None
     return RankLayout(tp_rank=ranks.tp, tp_size=sizes.tp, layers=layer_range(args.num_layers, ranks.pp, sizes.pp),
                       experts=experts, pre_process=ranks.is_first_stage, post_process=ranks.is_last_stage,
-                      padded_vocab=padded_vocab_size(args.vocab_size, sizes.tp), tp_group=ranks.tp_group)
+                      padded_vocab=padded_vocab_size(args.vocab_size, sizes.tp), tp_group=ranks.tp_group,
+                      te_spec=use_te)
 
 
 @dataclass
@@ -132,7 +146,7 @@ def build_gpt(args: ModelArgs, sizes: ParallelSizes, ranks: Ranks, mixed_precisi
     from megatron.core.models.gpt import GPTModel
 
     config = transformer_config(args, sizes, mixed_precision, device_type, use_te, overrides, init_weights)
-    layout = rank_layout(args, sizes, ranks)
+    layout = rank_layout(args, sizes, ranks, use_te)
     gpt = GPTModel(config, layer_spec(args, config, use_te), vocab_size=layout.padded_vocab,
                    pre_process=layout.pre_process, post_process=layout.post_process, parallel_output=True,
                    **args.gpt_kwargs())

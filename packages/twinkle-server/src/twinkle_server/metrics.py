@@ -42,6 +42,7 @@ class Metrics:
         self.requests: dict[str, int] = defaultdict(int)
         self.batched_steps = 0
         self.batched_tenants = 0
+        self.slots: Any = dict  # () -> the pager's counts (resident, paged, page_outs, page_ins...)
 
     def record(self, batch: list[Any], seconds: float) -> None:
         """One executed unit: its requests' tokens and queue-to-result latencies."""
@@ -80,6 +81,7 @@ class Metrics:
 
     def snapshot(self, owner: str | None = None) -> dict[str, Any]:
         return {"queue_depth": self.queue_depth, "queued": dict(self.queued), "tenants": self.tenant_rates(owner),
+                "slots": dict(self.slots()),
                 "latency_s": self.latencies(), "batched_steps": self.batched_steps,
                 "batched_tenants": self.batched_tenants, "requests": dict(self.requests)}
 
@@ -89,6 +91,11 @@ class Metrics:
         lines = ["# TYPE twinkle_queue_depth gauge", f"twinkle_queue_depth {snap['queue_depth']}",
                  *(f'twinkle_queue_depth{{kind="{kind}"}} {n}' for kind, n in sorted(snap["queued"].items())),
                  "# TYPE twinkle_batched_steps_total counter", f"twinkle_batched_steps_total {snap['batched_steps']}",
+                 "# TYPE twinkle_models gauge",
+                 *(f'twinkle_models{{where="{k}"}} {v}' for k, v in snap["slots"].items() if not k.startswith("page_")),
+                 "# TYPE twinkle_pages_total counter",
+                 *(f'twinkle_pages_total{{direction="{k[5:]}"}} {v}' for k, v in snap["slots"].items()
+                   if k.startswith("page_")),
                  "# TYPE twinkle_tenant_tokens_per_second gauge"]
         for model_id, rates in snap["tenants"].items():
             lines.append(f'twinkle_tenant_tokens_per_second{{model_id="{model_id}"}} {rates["tokens_per_second"]:.6g}')

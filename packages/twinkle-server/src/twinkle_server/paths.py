@@ -1,7 +1,9 @@
 """``tinker://`` checkpoint paths and where they live in the work dir; nothing a client sends leaves it.
 
 A checkpoint path is ``tinker://<model_id>/<kind>/<name>`` with kind ``weights`` (``save_state``:
-adapter + optimizer) or ``sampler_weights`` (``save_weights_for_sampler``: adapter only), the
+adapter + optimizer), ``sampler_weights`` (``save_weights_for_sampler`` and the snapshots of
+``save_weights_and_get_sampling_client``: adapter only) or ``external_weights``
+(``save_weights_external``: the PEFT adapter files, for download), the
 layout the client's ``ParsedCheckpointTinkerPath`` parses. On disk it is
 ``<work_dir>/checkpoints/<model_id with ':' as '~'>/<kind>/<name>``. Names are single plain
 path components; every resolved path is checked to lie inside the checkpoints directory.
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SCHEME = "tinker://"
-KINDS = {"weights": "training", "sampler_weights": "sampler"}
+KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 _MODEL_ID = re.compile(r"^[A-Za-z0-9_\-]{1,64}:train:[0-9]{1,9}$")
 
@@ -64,8 +66,8 @@ def parse_tinker_path(path: str) -> CheckpointRef:
                         "returned by save_state / save_weights_for_sampler.")
     parts = path[len(SCHEME):].split("/")
     if len(parts) != 3 or parts[1] not in KINDS:
-        raise PathError(f"{path!r} is not a checkpoint path; expected 'tinker://<model_id>/weights/<name>' or "
-                        "'tinker://<model_id>/sampler_weights/<name>'.")
+        raise PathError(f"{path!r} is not a checkpoint path; expected 'tinker://<model_id>/weights/<name>', "
+                        "'tinker://<model_id>/sampler_weights/<name>' or 'tinker://<model_id>/external_weights/<name>'.")
     return CheckpointRef(check_model_id(parts[0]), parts[1], check_name(parts[2]))
 
 
@@ -73,8 +75,8 @@ def parse_checkpoint_id(model_id: str, checkpoint_id: str) -> CheckpointRef:
     """A REST ``(training_run_id, checkpoint_id)`` pair, e.g. ``('s:train:0', 'weights/step-1')``."""
     kind, _, name = checkpoint_id.partition("/")
     if kind not in KINDS:
-        raise PathError(f"checkpoint id {checkpoint_id!r} is malformed; expected 'weights/<name>' or "
-                        "'sampler_weights/<name>'.")
+        raise PathError(f"checkpoint id {checkpoint_id!r} is malformed; expected 'weights/<name>', "
+                        "'sampler_weights/<name>' or 'external_weights/<name>'.")
     return CheckpointRef(check_model_id(model_id), kind, check_name(name))
 
 

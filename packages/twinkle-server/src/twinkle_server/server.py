@@ -12,20 +12,24 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from twinkle_server.auth import KeyStore
-from twinkle_server.config import ServerConfig
+from twinkle_server.config import ServerConfig, hub_id
 from twinkle_server.engine import Engine
+from twinkle_server.images import ImageInputs, template_name
 from twinkle_server.paths import CheckpointDirs
 from twinkle_server.service import Service
 from twinkle_server.store import Store
-from twinkle_server.targets import layer_families, tokenizer_dir
+from twinkle_server.targets import layer_families, tokenizer_dir, vocab_size
 
 logger = logging.getLogger("twinkle_server")
+#: The interpreter's thread switch interval while serving (Python's default is 5 ms).
+SWITCH_INTERVAL_S = 0.001
 
 
 def build_model(config: ServerConfig, targets: dict[str, list[str]]) -> Any:
@@ -64,26 +68,41 @@ def build_service(config: ServerConfig) -> Service:
     model = build_model(config, targets)
     tokenizer = tokenizer_dir(model_path)
     batching = config.server.batching
+    images = ImageInputs.for_model(model_path, config.model.model_id)
+    if batching and images is not None:
+        logger.info("batched multi-tenant steps are off for a vision-language model (rows carry images); tenants "
+                    "take turns")
+        batching = False
     if batching and config.infra.mode == "ray" and config.infra.dp_size > 1:
         # forward_backward_multi reaches every rank with all rows (no per-tenant data split): per-tenant steps,
         # which slice each tenant's rows over the data-parallel ranks, stay exact
         logger.info("batched multi-tenant steps are off with infra.dp_size > 1; tenants take turns")
         batching = False
-    engine = Engine(model, targets, lora_alpha=config.server.lora_alpha, max_rank=config.server.max_rank,
-                    batching=batching, sampler=build_sampler(config, model, tokenizer))
+    server = config.server
+    sampler, no_sampler = build_sampler(config, model, tokenizer)
+    engine = Engine(model, targets, lora_alpha=server.lora_alpha, max_rank=server.max_rank, batching=batching,
+                    sampler=sampler, no_sampler=no_sampler, slots=server.max_tenants, work_dir=work_dir,
+                    # ray mode: the actors write the pages; only the work dir is theirs and ours alike
+                    page_memory_bytes=int(server.page_memory_mb * 1024 * 1024) if config.infra.mode == "local" else 0,
+                    grad_hold_s=server.grad_hold_s,
+                    vocab_size=vocab_size(model_path),
+                    template=None if images is None else (template_name(model_path), config.model.model_id))
     arch = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
-    service = Service(config, engine, store, CheckpointDirs(work_dir), arch=arch, tokenizer_id=tokenizer)
+    tokenizer_id = hub_id(config.model.model_id) or tokenizer
+    service = Service(config, engine, store, CheckpointDirs(work_dir), arch=arch, tokenizer_id=tokenizer_id)
+    service.limits.images = images
     service.start()
     return service
 
 
-def build_sampler(config: ServerConfig, model: Any, tokenizer: str | None) -> Any:
-    """A TorchSampler on the shared model's own weights (local mode; a Ray proxy has no local weights).
+def build_sampler(config: ServerConfig, model: Any, tokenizer: str | None) -> tuple[Any, str | None]:
+    """``(TorchSampler on the shared model's own weights, None)``, or ``(None, why not)``: a Ray proxy has no
+    local weights, and a backend without a sampler (Megatron) cannot sample. The reason reaches the client.
 
     The tokenizer serves stop strings; without one only stop token ids work.
     """
     if config.infra.mode != "local":
-        return None
+        return None, "sampling needs the local mode (--infra.mode local): a Ray proxy holds no weights here"
     try:
         from twinkle.registry import resolve
 
@@ -92,10 +111,10 @@ def build_sampler(config: ServerConfig, model: Any, tokenizer: str | None) -> An
             from transformers import AutoTokenizer
 
             loaded = AutoTokenizer.from_pretrained(tokenizer)
-        return resolve("sampler", "TorchSampler")(model, tokenizer=loaded)
+        return resolve("sampler", "TorchSampler")(model, tokenizer=loaded), None
     except Exception as exc:  # noqa: BLE001 - a server without sampling still trains
         logger.warning("no sampler (%s: %s); sampling requests will be refused", type(exc).__name__, exc)
-        return None
+        return None, str(exc)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -116,6 +135,9 @@ def serve(config: ServerConfig) -> int:
     from twinkle_server.app import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # the worker thread holds the GIL between torch calls; switching more often keeps the HTTP threads (polls,
+    # submissions, healthz) responsive while it samples or trains
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     keys = _keys(config)
     sock = listen(config.server.host, config.server.port)
     service = build_service(config)
@@ -163,6 +185,7 @@ def _housekeeping(service: Service, stop: threading.Event) -> None:
     while not stop.wait(5.0):
         try:
             service.expire_sessions()
+            service.expire_checkpoints()
             service.futures.prune()
             if every and time.monotonic() - last_log >= every:
                 last_log = time.monotonic()

@@ -14,17 +14,21 @@ import threading
 import time
 from typing import Any
 
+from twinkle_server.checks import CheckError, check_adam, check_seq_id, encodable
 from twinkle_server.config import ServerConfig
+from twinkle_server.downloads import Signer
 from twinkle_server.engine import Engine, UserError
 from twinkle_server.errors import ApiError, not_found
 from twinkle_server.futures import FutureRecord, FutureTable, Result
 from twinkle_server.metrics import Metrics
 from twinkle_server.ops_checkpoints import CheckpointOps
 from twinkle_server.ops_sampling import SamplingOps
+from twinkle_server.paging import SlotsBusy
 from twinkle_server.paths import CheckpointDirs
 from twinkle_server.scheduler import Scheduler, Work
 from twinkle_server.store import Store
 from twinkle_server.wire import (
+    Limits,
     StepRequest,
     WireError,
     decode_step_request,
@@ -47,9 +51,13 @@ class Service(CheckpointOps, SamplingOps):
         self.arch = arch
         self.tokenizer_id = tokenizer_id
         self.metrics = Metrics()
+        self.metrics.slots = lambda: engine.pager.stats() if hasattr(engine, "pager") else {}
         self.futures = FutureTable(store)
         self.scheduler = Scheduler(self.futures, self.metrics, self._run_steps, batching=engine.batching,
-                                   batch_window_s=config.server.batch_window_ms / 1000.0)
+                                   batch_window_s=config.server.batch_window_ms / 1000.0, max_batch=engine.slots)
+        self.limits = Limits(max_length=config.server.max_length, max_tokens=config.server.max_tokens_per_request,
+                             vocab_size=engine.vocab_size)
+        self.signer = Signer(dirs.root.parent)
         self._creating: dict[str, FutureRecord] = {}
         self._lock = threading.Lock()
 
@@ -66,19 +74,19 @@ class Service(CheckpointOps, SamplingOps):
             if self.store.session(row["session_id"], row["owner"])["finished"]:  # its unload was lost
                 self.store.set_model_state(row["id"], "unloaded")
                 continue
-            try:
-                self.engine.create(row["id"], row["lora"])
-            except Exception as exc:  # noqa: BLE001 - e.g. fewer slots than before
-                logger.error("model %s could not get a slot back after the restart (%s); it is unloaded",
-                             row["id"], exc)
-                self.store.set_model_state(row["id"], "unloaded")
-                continue
+            # its weights were in memory: it continues after load_state (it gets a slot then); until then its
+            # weights version matches no sampling snapshot
             self.store.set_model_state(row["id"], "restored")
-            logger.info("model %s is back in a slot; it continues after load_state(<checkpoint>)", row["id"])
+            self.store.set_weights_version(row["id"], None)
+            logger.info("model %s lost its unsaved state in the restart; it continues after load_state(<checkpoint>)",
+                        row["id"])
         self.scheduler.start()
 
     def stop(self) -> None:
         self.scheduler.stop()
+        pager = getattr(self.engine, "pager", None)
+        if pager is not None:
+            pager.close()
 
     # ----------------------------------------------------------------- helpers
     def session_row(self, owner: str, session_id: str, *, open_only: bool = True) -> dict[str, Any]:
@@ -86,12 +94,17 @@ class Service(CheckpointOps, SamplingOps):
         if row is None:
             raise not_found("session", session_id)
         if open_only and row["finished"]:
-            raise ApiError(410, f"session {session_id!r} has finished; create a new ServiceClient.")
+            raise ApiError(410, session_ended(session_id))
         return row
 
     def model_row(self, owner: str, model_id: str, *, trainable: bool = True) -> dict[str, Any]:
         row = self.store.model(model_id, owner)
-        if row is None or row["state"] == "unloaded":
+        if row is None:
+            raise not_found("model", model_id)
+        if row["state"] == "unloaded":
+            session = self.store.session(row["session_id"], owner)
+            if session is not None and session["finished"]:
+                raise ApiError(410, f"model {model_id!r} was unloaded: {session_ended(row['session_id'])}")
             raise not_found("model", model_id)
         if trainable and row["state"] == "restored":
             raise ApiError(400, f"model {model_id!r} lost its unsaved state when the server restarted; call "
@@ -100,7 +113,7 @@ class Service(CheckpointOps, SamplingOps):
         return row
 
     def submit(self, owner: str, kind: str, model_id: str | None, seq_id: int | None, run: Any = None, *,
-               step: StepRequest | None = None, tokens: int = 0) -> FutureRecord:
+               step: StepRequest | None = None, tokens: int = 0, session_id: str | None = None) -> FutureRecord:
         """Queue one request and return its future (the same future again for a retried seq_id)."""
         again = self.scheduler.duplicate(model_id, seq_id)
         if again is not None and again.owner == owner:
@@ -110,7 +123,8 @@ class Service(CheckpointOps, SamplingOps):
             raise ApiError(429, f"this API key has {limit} requests queued or running (server.max_inflight_per_key); "
                                 "wait for some results and retry.")
         record = self.futures.create(owner, model_id, kind)
-        self.scheduler.submit(Work(record, kind, model_id, seq_id, run=run, step=step, tokens=tokens))
+        self.scheduler.submit(Work(record, kind, model_id, seq_id, run=run, step=step, tokens=tokens,
+                                   session_id=session_id))
         return record
 
     @staticmethod
@@ -119,7 +133,9 @@ class Service(CheckpointOps, SamplingOps):
 
     # ---------------------------------------------------------------- service
     def client_config(self) -> dict[str, Any]:
-        chunk = min(5_000_000, self.config.server.max_request_bytes // 2)
+        # the client packs a datum's tokens at >= 4 bytes each: chunks of this many bytes hold at most
+        # max_tokens_per_request tokens
+        chunk = min(5_000_000, self.config.server.max_request_bytes // 2, 4 * self.config.server.max_tokens_per_request)
         return {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "parallel_fwdbwd_chunks": True,
                 "proto_compress_fwdbwd": False, "fwdbwd_max_chunk_bytes_count": chunk,
                 "use_pyqwest_transport": False, "sample_use_retrieve_futures": False,
@@ -131,7 +147,7 @@ class Service(CheckpointOps, SamplingOps):
                                       "max_context_length": self.config.server.max_length}]}
 
     def check_base_model(self, base_model: str | None) -> None:
-        if base_model is not None and base_model != self.config.base_model_name:
+        if base_model is not None and base_model not in self.config.base_model_aliases:
             raise ApiError(400, f"base_model {base_model!r} is not served here; this server serves "
                                 f"{self.config.base_model_name!r} (see get_server_capabilities).")
 
@@ -154,7 +170,9 @@ class Service(CheckpointOps, SamplingOps):
     def end_session(self, session_id: str, owner: str) -> None:
         """Finish a session and unload its models (called on finish and on heartbeat expiry)."""
         self.store.finish_session(session_id)
-        for model_id in self.store.session_models(session_id):
+        models = set(self.store.session_models(session_id))
+        self.scheduler.drop(lambda w: w.model_id in models or w.session_id == session_id, session_ended(session_id))
+        for model_id in models:
             self.submit(owner, "unload_model", model_id, None, run=self._unloader(model_id))
 
     def expire_sessions(self) -> None:
@@ -184,13 +202,14 @@ class Service(CheckpointOps, SamplingOps):
                                 "(create_lora_training_client).")
         lora = request.lora_config.model_dump()
         try:
+            check_seq_id("model_seq_id", request.model_seq_id)
             self.engine.lora_config(lora)
-        except UserError as exc:
+        except (UserError, CheckError) as exc:
             raise ApiError(400, str(exc)) from None
         model_id = f"{request.session_id}:train:{request.model_seq_id}"
         with self._lock:
             pending = self._creating.get(model_id)
-            if pending is not None and pending.owner == owner:
+            if pending is not None and pending.owner == owner and pending.state != "failed":
                 return self.untyped(pending)
             if self.store.model(model_id, None) is not None:
                 raise ApiError(400, f"model {model_id!r} already exists; use a new model_seq_id.")
@@ -200,8 +219,19 @@ class Service(CheckpointOps, SamplingOps):
         return self.untyped(record)
 
     def _create(self, owner: str, model_id: str, request: Any, lora: dict[str, Any]) -> Result:
-        self.engine.create(model_id, lora)
-        self.store.add_model(model_id, owner, request.session_id, request.base_model, lora, request.user_metadata)
+        try:
+            version = self.engine.create(model_id, lora)
+        except SlotsBusy:
+            raise  # the scheduler runs it again in a moment: still pending
+        except BaseException:
+            with self._lock:
+                self._creating.pop(model_id, None)  # a failed create can be sent again
+            raise
+        self.store.add_model(model_id, owner, request.session_id, self.config.base_model_name, lora,
+                             request.user_metadata)
+        self.store.set_weights_version(model_id, version)
+        with self._lock:
+            self._creating.pop(model_id, None)  # the registry answers for it now
         self.scheduler.expect(model_id, 1)
         return Result({"type": "create_model", "model_id": model_id})
 
@@ -220,7 +250,8 @@ class Service(CheckpointOps, SamplingOps):
         def run() -> Result:
             row = self.store.model(model_id, None)
             if row is not None and row["state"] != "unloaded":
-                self.engine.unload(model_id)
+                if self.engine.has(model_id):
+                    self.engine.unload(model_id)
                 self.store.set_model_state(model_id, "unloaded")
                 self.scheduler.forget_model(model_id)
             return Result({"type": "unload_model", "model_id": model_id})
@@ -229,7 +260,7 @@ class Service(CheckpointOps, SamplingOps):
     # ---------------------------------------------------------------- training
     def forward_backward(self, owner: str, body: bytes) -> dict[str, Any]:
         try:
-            step = decode_step_request(body, self.config.server.max_length)
+            step = decode_step_request(body, self.limits)
         except WireError as exc:
             raise ApiError(400, str(exc)) from None
         self.model_row(owner, step.model_id)
@@ -256,16 +287,27 @@ class Service(CheckpointOps, SamplingOps):
             raise ApiError(400, f"optimizer parameters of type {getattr(params, 'type', '?')!r} are not supported; "
                                 "send types.AdamParams (this server trains with AdamW).")
         values = params.model_dump()
-        if not values["learning_rate"] >= 0 or not 0 <= values["beta1"] < 1 or not 0 <= values["beta2"] < 1:
-            raise ApiError(400, f"AdamParams {values}: need learning_rate >= 0 and betas in [0, 1).")
+        try:
+            check_adam(values, self.config.server.max_learning_rate)
+        except CheckError as exc:
+            raise ApiError(400, str(exc)) from None
 
         def run() -> Result:
             metrics = self.engine.optim_step(request.model_id, values)
+            self.store.set_weights_version(request.model_id, self.engine.weights_version[request.model_id])
             return Result({"type": "optim_step", "metrics": metrics})
 
         return self.untyped(self.submit(owner, "optim_step", request.model_id, request.seq_id, run=run))
 
     # ----------------------------------------------------------------- futures
+    def cancel(self, owner: str, request_id: str) -> None:
+        """Drop the caller's queued request (a running sample stops after its slice); a finished one is left."""
+        record = self.futures.get(request_id, owner)
+        if record is None:
+            raise not_found("request", request_id)
+        if not record.finished:
+            self.scheduler.drop(lambda w: w.future.id == request_id, "cancelled by the client (cancel_future)")
+
     async def retrieve(self, owner: str, request_id: str, want_proto: bool) -> tuple[int, Any, bool]:
         """``(status, body, is_proto)`` for retrieve_future: try_again, the error, or the result."""
         record = self.futures.get(request_id, owner)
@@ -280,12 +322,17 @@ class Service(CheckpointOps, SamplingOps):
         result = record.result
         if want_proto and result.proto is not None:
             return 200, result.proto, True
-        return 200, result.json, False
+        return 200, encodable(result.json), False
 
 
 def _step_result(outcome: Any) -> Result:
     return Result(forward_backward_json(outcome.outputs, outcome.metrics),
                   forward_backward_output(outcome.outputs, outcome.metrics), persist=False)
+
+
+def session_ended(session_id: str) -> str:
+    return (f"session expired: session {session_id!r} has ended (finished, or no heartbeat for "
+            "server.session_timeout_s); create a new ServiceClient and load your last checkpoint.")
 
 
 def _strings(value: Any) -> dict[str, str] | None:

@@ -26,17 +26,20 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE TABLE IF NOT EXISTS models (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, session_id TEXT NOT NULL, base_model TEXT NOT NULL,
     lora TEXT NOT NULL, state TEXT NOT NULL, created REAL NOT NULL, last_request REAL NOT NULL,
-    user_metadata TEXT);
+    user_metadata TEXT, weights_version TEXT);
 CREATE TABLE IF NOT EXISTS checkpoints (
     model_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL, owner TEXT NOT NULL, created REAL NOT NULL,
-    size_bytes INTEGER, user_metadata TEXT, PRIMARY KEY (model_id, checkpoint_id));
+    size_bytes INTEGER, user_metadata TEXT, expires_at REAL, PRIMARY KEY (model_id, checkpoint_id));
 CREATE TABLE IF NOT EXISTS samplers (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, session_id TEXT NOT NULL, model_id TEXT, model_path TEXT,
-    base_model TEXT NOT NULL, weights_version INTEGER, created REAL NOT NULL, clients INTEGER NOT NULL DEFAULT 1);
+    base_model TEXT NOT NULL, weights_version TEXT, created REAL NOT NULL, clients INTEGER NOT NULL DEFAULT 1);
 CREATE TABLE IF NOT EXISTS futures (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, model_id TEXT, kind TEXT NOT NULL, state TEXT NOT NULL,
     created REAL NOT NULL, result TEXT, error TEXT, category TEXT);
 """
+
+#: Columns added after the first release: (table, column, type).
+_ADDED_COLUMNS = (("models", "weights_version", "TEXT"), ("checkpoints", "expires_at", "REAL"))
 
 #: Model states: a slot holds its weights ('active'); re-created after a restart, waiting for a
 #: load ('restored'); slot released ('unloaded').
@@ -55,6 +58,10 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        for table, column, kind in _ADDED_COLUMNS:  # a registry written before these columns existed
+            have = {row["name"] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -139,6 +146,11 @@ class Store:
         with self._tx() as db:
             db.execute("UPDATE models SET state = ?, last_request = ? WHERE id = ?", (state, time.time(), model_id))
 
+    def set_weights_version(self, model_id: str, version: str | None) -> None:
+        """The token naming the model's current weights (None: lost, matches no sampling snapshot)."""
+        with self._tx() as db:
+            db.execute("UPDATE models SET weights_version = ? WHERE id = ?", (version, model_id))
+
     def models(self, owner: str | None = None, states: tuple[str, ...] = MODEL_STATES) -> list[dict[str, Any]]:
         marks = ",".join("?" * len(states))
         rows = self._all(f"SELECT id FROM models WHERE state IN ({marks}) ORDER BY created", *states)
@@ -151,10 +163,21 @@ class Store:
 
     # --------------------------------------------------------------- checkpoints
     def add_checkpoint(self, model_id: str, checkpoint_id: str, owner: str, size_bytes: int,
-                       user_metadata: Any) -> None:
+                       user_metadata: Any, expires_at: float | None = None) -> None:
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?)",
-                       (model_id, checkpoint_id, owner, time.time(), size_bytes, _dump(user_metadata)))
+            db.execute("INSERT OR REPLACE INTO checkpoints (model_id, checkpoint_id, owner, created, size_bytes, "
+                       "user_metadata, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (model_id, checkpoint_id, owner, time.time(), size_bytes, _dump(user_metadata), expires_at))
+
+    def set_checkpoint_expiry(self, model_id: str, checkpoint_id: str, owner: str, expires_at: float | None) -> bool:
+        with self._tx() as db:
+            cur = db.execute("UPDATE checkpoints SET expires_at = ? WHERE model_id = ? AND checkpoint_id = ? AND "
+                             "owner = ?", (expires_at, model_id, checkpoint_id, owner))
+            return cur.rowcount == 1
+
+    def expired_checkpoints(self, now: float) -> list[dict[str, Any]]:
+        return self._all("SELECT model_id, checkpoint_id, owner FROM checkpoints WHERE expires_at IS NOT NULL AND "
+                         "expires_at <= ?", now)
 
     def checkpoint(self, model_id: str, checkpoint_id: str, owner: str) -> dict[str, Any] | None:
         row = self._one("SELECT * FROM checkpoints WHERE model_id = ? AND checkpoint_id = ? AND owner = ?",
@@ -181,7 +204,7 @@ class Store:
 
     # ------------------------------------------------------------------ samplers
     def add_sampler(self, sampler_id: str, owner: str, session_id: str, model_id: str | None,
-                    model_path: str | None, base_model: str, weights_version: int | None) -> None:
+                    model_path: str | None, base_model: str, weights_version: str | None) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO samplers (id, owner, session_id, model_id, model_path, base_model, "
                        "weights_version, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -190,6 +213,9 @@ class Store:
 
     def sampler(self, sampler_id: str, owner: str) -> dict[str, Any] | None:
         return self._one("SELECT * FROM samplers WHERE id = ? AND owner = ?", sampler_id, owner)
+
+    def samplers_of_path(self, model_path: str) -> list[str]:
+        return [r["id"] for r in self._all("SELECT id FROM samplers WHERE model_path = ?", model_path)]
 
     def session_samplers(self, session_id: str) -> list[str]:
         return [r["id"] for r in self._all("SELECT id FROM samplers WHERE session_id = ? ORDER BY created",

@@ -16,15 +16,31 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 from tinker.proto import tinker_public_pb2 as pb
-from tinker.proto.response_conv import _tensor_data_from_proto
 
 PROTO = "application/x-protobuf"
 #: Per-token loss inputs the server passes to the losses, with their dtype; others are refused.
 LOSS_INPUTS = {"target_tokens": np.int64, "weights": np.float32, "logprobs": np.float32, "advantages": np.float32}
 
 
+#: Per-token float inputs must be finite and at most this large in magnitude (weights, advantages, logprobs):
+#: a larger one only turns the loss into inf.
+VALUE_LIMIT = 1e6
+_NUMPY = {pb.DTYPE_FLOAT32: np.dtype("<f4"), pb.DTYPE_INT64: np.dtype("<i8"), pb.DTYPE_INT32: np.dtype("<i4"),
+          pb.DTYPE_BFLOAT16: np.dtype("<u2")}
+
+
 class WireError(ValueError):
     """A request body that cannot be decoded or does not make sense; the message says what is wrong."""
+
+
+@dataclass
+class Limits:
+    """What one forward/forward_backward request may hold, checked before anything is expanded."""
+
+    max_length: int  # tokens per datum
+    max_tokens: int  # tokens per request
+    vocab_size: int | None = None  # token ids must be below it
+    images: Any = None  # a twinkle_server.images.ImageInputs for a vision-language model, else None
 
 
 @dataclass
@@ -44,8 +60,15 @@ class StepRequest:
         return sum(len(row["input_ids"]) for row in self.rows)
 
 
-def decode_step_request(body: bytes, max_length: int) -> StepRequest:
-    """Parse and check a protobuf ``ForwardBackwardRequest``; every problem is a :class:`WireError`."""
+def decode_step_request(body: bytes, limits: Limits | int) -> StepRequest:
+    """Parse and check a protobuf ``ForwardBackwardRequest``; every problem is a :class:`WireError`.
+
+    Sizes are checked from the message's byte fields before any array is built: the token count of
+    every datum and of the request, and each loss input's declared shape against its datum's tokens
+    (a sparse tensor declaring a huge shape is refused, never expanded).
+    """
+    if isinstance(limits, int):
+        limits = Limits(max_length=limits, max_tokens=1 << 62)
     message = pb.ForwardBackwardRequest()
     try:
         message.ParseFromString(body)
@@ -55,44 +78,160 @@ def decode_step_request(body: bytes, max_length: int) -> StepRequest:
         raise WireError("ForwardBackwardRequest.model_id is empty.")
     if not message.data:
         raise WireError("ForwardBackwardRequest has no data (send at least one Datum).")
+    counts = [_token_count(i, datum, limits) for i, datum in enumerate(message.data)]
+    if sum(counts) > limits.max_tokens:
+        raise WireError(f"this request holds {sum(counts)} tokens; this server takes at most {limits.max_tokens} per "
+                        "forward/forward_backward request (server.max_tokens_per_request): send fewer datums per "
+                        "call.")
     config: dict[str, float | str] = dict(message.loss_fn_config)
     for key, value in message.loss_fn_config_v2.items():  # v2 wins, as the client's dual-write expects
         config[key] = value.text if value.WhichOneof("value") == "text" else value.number
-    rows = [_decode_datum(i, datum, max_length) for i, datum in enumerate(message.data)]
+    rows = [_decode_datum(i, datum, limits) for i, datum in enumerate(message.data)]
     return StepRequest(message.model_id, int(message.seq_id), message.loss_fn or "cross_entropy", config,
                        bool(message.forward_only), rows)
 
 
-def _decode_datum(index: int, datum: Any, max_length: int) -> dict[str, Any]:
-    tokens: list[int] = []
-    for chunk in datum.model_input:
+def _token_count(index: int, datum: Any, limits: Limits) -> int:
+    """The datum's input length from its chunks' byte sizes and image headers (no token list built yet)."""
+    count = 0
+    for k, chunk in enumerate(datum.model_input):
         kind = chunk.WhichOneof("chunk")
+        if kind == "image" and limits.images is not None:
+            count += _image_tokens(index, k, chunk.image, limits.images)
+            continue
         if kind != "encoded_text":
-            raise WireError(f"data[{index}]: {kind or 'empty'} chunks are not supported by this server (text "
-                            "tokens only: ModelInput.from_ints(...)).")
-        tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
-    if not tokens:
+            what = "image chunks need a vision-language base model" if kind == "image" else \
+                f"{kind or 'empty'} chunks are not supported by this server"
+            raise WireError(f"data[{index}]: {what} (this one takes text tokens: ModelInput.from_ints(...)).")
+        size = len(chunk.encoded_text.tokens)
+        if size % 4:
+            raise WireError(f"data[{index}]: an encoded_text chunk has {size} bytes, not a whole number of int32 "
+                            "tokens.")
+        count += size // 4
+    if not count:
         raise WireError(f"data[{index}] has no input tokens.")
-    if len(tokens) > max_length:
-        raise WireError(f"data[{index}] has {len(tokens)} tokens; this server takes at most {max_length} per datum "
+    if count > limits.max_length:
+        raise WireError(f"data[{index}] has {count} tokens; this server takes at most {limits.max_length} per datum "
                         "(server.max_length).")
-    row: dict[str, Any] = {"input_ids": tokens}
+    return count
+
+
+def _image_tokens(index: int, k: int, image: Any, images: Any) -> int:
+    from twinkle_server.images import ImageError
+
+    where = f"data[{index}].model_input.chunks[{k}]"
+    try:
+        count = images.tokens(image.data, image.format, where)
+    except ImageError as exc:
+        raise WireError(str(exc)) from None
+    if image.expected_tokens and image.expected_tokens != count:
+        raise WireError(f"{where}: this image takes {count} tokens for this model (its processor), not "
+                        f"expected_tokens={image.expected_tokens}; compute it for this model or leave it unset.")
+    return count
+
+
+def check_token_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
+    """Every id in ``[0, vocab_size)``, else a :class:`WireError` naming ``where`` and the first bad position."""
+    if not tokens.size:
+        return
+    bad = (tokens < 0) if vocab_size is None else ((tokens < 0) | (tokens >= vocab_size))
+    if bad.any():
+        position = int(np.argmax(bad))
+        allowed = "non-negative" if vocab_size is None else f"in 0..{vocab_size - 1} (this model's vocabulary)"
+        raise WireError(f"{where}: token {int(tokens[position])} at position {position} is out of range; token ids "
+                        f"must be {allowed}.")
+
+
+def _decode_datum(index: int, datum: Any, limits: Limits) -> dict[str, Any]:
+    vocab_size = limits.vocab_size
+    pieces, images = [], []
+    for k, chunk in enumerate(datum.model_input):
+        if chunk.WhichOneof("chunk") == "image":
+            count = _image_tokens(index, k, chunk.image, limits.images)
+            start = limits.images.vision_start_id
+            if start is not None and (not pieces or not pieces[-1].size or int(pieces[-1][-1]) != start):
+                raise WireError(f"data[{index}].model_input.chunks[{k}]: an image must follow the vision-start token "
+                                f"({start}) in the text before it, as the model's chat template writes it.")
+            pieces.append(np.full(count, limits.images.image_token_id, dtype="<i4"))
+            images.append(bytes(chunk.image.data))
+        else:
+            text = np.frombuffer(chunk.encoded_text.tokens, dtype="<i4")
+            if limits.images is not None and (text == limits.images.image_token_id).any():
+                raise WireError(f"data[{index}].model_input.chunks[{k}] holds the image token "
+                                f"({limits.images.image_token_id}) as text; send images as image chunks "
+                                "(types.ImageChunk).")
+            pieces.append(text)
+    tokens = np.concatenate(pieces)
+    check_token_ids(tokens, vocab_size, f"data[{index}].model_input")
+    length = int(tokens.size)
+    row: dict[str, Any] = {"input_ids": tokens.astype(np.int64).tolist()}
+    if images:
+        row["images"] = images
     for name, tensor in datum.loss_fn_inputs.items():
         if name not in LOSS_INPUTS:
             raise WireError(f"data[{index}].loss_fn_inputs has {name!r}; the built-in losses read "
                             f"{', '.join(LOSS_INPUTS)}.")
-        try:
-            values = _tensor_data_from_proto(tensor).to_numpy()
-        except Exception as exc:  # malformed bytes/shape/dtype in a client tensor
-            raise WireError(f"data[{index}].loss_fn_inputs[{name!r}] is not a valid tensor ({exc}).") from None
-        values = np.asarray(values).reshape(-1)
-        if values.shape[0] != len(tokens):
-            raise WireError(f"data[{index}].loss_fn_inputs[{name!r}] has {values.shape[0]} values for "
-                            f"{len(tokens)} input tokens (one per input position).")
-        if not np.all(np.isfinite(values)):
-            raise WireError(f"data[{index}].loss_fn_inputs[{name!r}] holds NaN or infinite values.")
+        where = f"data[{index}].loss_fn_inputs[{name!r}]"
+        values = _tensor_values(tensor, length, where)
+        if name == "target_tokens":
+            if values.dtype.kind == "f":
+                if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
+                    raise WireError(f"{where} holds values that are not whole token ids.")
+            values = values.astype(np.int64)
+            check_token_ids(values, vocab_size, where)
+        else:
+            values = values.astype(np.float64)
+            if not np.all(np.isfinite(values)):
+                raise WireError(f"{where} holds NaN or infinite values.")
+            if np.abs(values).max(initial=0.0) > VALUE_LIMIT:
+                position = int(np.argmax(np.abs(values) > VALUE_LIMIT))
+                raise WireError(f"{where}: {values[position]:g} at position {position} is out of range; values must "
+                                f"lie in [-{VALUE_LIMIT:g}, {VALUE_LIMIT:g}].")
         row[name] = values.astype(LOSS_INPUTS[name]).tolist()
     return row
+
+
+def _tensor_values(tensor: Any, length: int, where: str) -> np.ndarray:
+    """A client tensor as a flat array of ``length`` values; its declared size is checked before it is built."""
+    dtype = _NUMPY.get(tensor.dtype)
+    if dtype is None:
+        raise WireError(f"{where} has an unsupported dtype ({tensor.dtype}); send float32 or int64.")
+    shape = list(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise WireError(f"{where} declares a negative shape {shape}.")
+    declared = int(np.prod(shape, dtype=object)) if shape else None
+    if declared is not None and declared != length:
+        raise WireError(f"{where} has shape {shape} ({declared} values) for {length} input tokens (one per input "
+                        "position).")
+    if tensor.HasField("sparse_csr"):
+        values = _sparse_values(tensor.sparse_csr, shape, length, dtype, where)
+    else:
+        data = tensor.dense
+        if len(data) % dtype.itemsize or len(data) // dtype.itemsize != length:
+            raise WireError(f"{where} has {len(data) // dtype.itemsize} values for {length} input tokens (one per "
+                            "input position).")
+        values = np.frombuffer(data, dtype=dtype)
+    if dtype == np.dtype("<u2"):  # bfloat16: the upper half of a float32
+        values = (values.astype(np.uint32) << 16).view(np.float32)
+    return values
+
+
+def _sparse_values(csr: Any, shape: list[int], length: int, dtype: np.dtype, where: str) -> np.ndarray:
+    rows = shape[0] if len(shape) == 2 else 1
+    if len(shape) not in (1, 2) or (len(shape) == 2 and rows != 1):
+        raise WireError(f"{where}: a sparse tensor must have shape [{length}] or [1, {length}], not {shape}.")
+    if len(csr.values) % dtype.itemsize or len(csr.crow_indices) % 8 or len(csr.col_indices) % 8:
+        raise WireError(f"{where}: the sparse tensor's buffers are not whole numbers of values.")
+    values = np.frombuffer(csr.values, dtype=dtype)
+    crow = np.frombuffer(csr.crow_indices, dtype="<i8")
+    cols = np.frombuffer(csr.col_indices, dtype="<i8")
+    if (values.size != cols.size or values.size > length or crow.size != rows + 1 or int(crow[0]) != 0
+            or int(crow[-1]) != values.size or (cols.size and (cols.min() < 0 or cols.max() >= length))):
+        raise WireError(f"{where}: the sparse tensor's indices do not describe {values.size} values in {length} "
+                        "positions.")
+    dense = np.zeros(length, dtype=dtype)
+    dense[cols] = values
+    return dense
 
 
 # --------------------------------------------------------------------------- responses

@@ -1,9 +1,12 @@
-"""Write a directory completely or not at all: temp name, then rename into place.
+"""A checkpoint directory's life on disk: written completely or not at all, deleted never by halves.
 
-:func:`atomic_directory` is the single-process protocol; :func:`shared_atomic_directory` extends it
-to every rank of a torchrun job (one temporary directory, one rename, one decision). Each is split
-in two for writes that finish later (an asynchronous checkpoint): :func:`make_temporary` /
-:func:`commit`, and :func:`shared_temporary` / :func:`shared_commit`.
+:func:`shared_atomic_directory`: every rank of a job (or the one process) writes into one temporary
+directory beside the target, and rank 0 renames it into place once all succeeded -- or removes it, and
+every rank raises. It is split in two for writes that finish later (an asynchronous checkpoint,
+``twinkle.checkpoint.pending``): :func:`shared_temporary` / :func:`shared_commit`, built on the
+single-process :func:`make_temporary` / :func:`commit`. :func:`discard` deletes a checkpoint through a
+hidden name, :func:`rotate` keeps the newest N of a family of them, and :func:`clean_stale` removes
+what a killed run left behind.
 """
 
 from __future__ import annotations
@@ -11,28 +14,11 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from twinkle.checkpoint.errors import CheckpointError
-
-
-@contextmanager
-def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a fresh temporary directory next to ``final``; on success it becomes ``final``.
-
-    The temporary directory lives in the same parent (same filesystem), so the final step is a
-    rename. An existing ``final`` is moved aside first and removed only after the new one is in
-    place; if anything raises, the temporary directory is deleted and ``final`` is untouched.
-    """
-    tmp = make_temporary(final)
-    try:
-        yield tmp
-        commit(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def make_temporary(final: str | os.PathLike[str]) -> Path:
@@ -61,15 +47,15 @@ def commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
 @contextmanager
 def shared_atomic_directory(final: str | os.PathLike[str],
                             finish: Callable[[Path], None] | None = None) -> Iterator[Path]:
-    """:func:`atomic_directory` for every rank: rank 0 names the temporary directory and renames it.
+    """Yield the temporary directory of ``final`` (the same on every rank); on leaving, it becomes ``final``.
 
-    Every rank calls this and writes its files into the same temporary directory. On leaving, the
-    ranks agree: if every rank succeeded, rank 0 runs ``finish(tmp)`` (files that describe what
-    all ranks wrote, such as a manifest) and renames the directory into place; otherwise it
-    deletes it, and the ranks that succeeded raise :class:`CheckpointError` naming the ones that
-    did not. All ranks leave together, after the rename, so each may read ``final``. On a single
-    process this is :func:`atomic_directory` followed by ``finish``. Multi-node runs need the
-    output directory on a shared filesystem.
+    Every rank calls this and writes its files into the temporary directory, which lives beside
+    ``final`` (same filesystem: the last step is a rename). On leaving, the ranks agree: if every
+    rank succeeded, rank 0 runs ``finish(tmp)`` (files that describe what all ranks wrote, such as a
+    manifest) and renames the directory into place, an existing ``final`` being removed only once the
+    new one is there; otherwise it deletes it, and the ranks that succeeded raise
+    :class:`CheckpointError` naming the ones that did not. All ranks leave together, after the
+    rename, so each may read ``final``. Multi-node runs need the output directory on a shared filesystem.
     """
     tmp = shared_temporary(final)
     ok = False
@@ -80,12 +66,13 @@ def shared_atomic_directory(final: str | os.PathLike[str],
         shared_commit(tmp, final, ok, finish)
 
 
+atomic_directory = shared_atomic_directory  # the same protocol, named for callers on one process
+
+
 def shared_temporary(final: str | os.PathLike[str]) -> Path:
     """The temporary directory for ``final``, made by rank 0 and known to every rank (every rank calls this)."""
     from twinkle import collective
 
-    if not collective.active():
-        return make_temporary(final)
     name, lead_error = None, None
     if collective.rank() == 0:
         try:
@@ -112,12 +99,6 @@ def shared_commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str], ok
     from twinkle import collective
 
     tmp, final = Path(tmp), Path(final)
-    if not collective.active():
-        if ok:
-            _complete(tmp, final, [], finish, raise_error=True)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return
     failed = collective.failed_ranks(ok)
     lead_error = _complete(tmp, final, failed, finish) if collective.rank() == 0 else None
     outcome = collective.broadcast_object(None if lead_error is None else f"{type(lead_error).__name__}: "
@@ -133,9 +114,8 @@ def shared_commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str], ok
         raise CheckpointError(f"Rank 0 could not complete {str(final)!r} ({outcome}); nothing was written.")
 
 
-def _complete(tmp: Path, final: Path, failed: list[int], finish: Callable[[Path], None] | None,
-              raise_error: bool = False) -> BaseException | None:
-    """Finish and rename when no rank failed, otherwise remove ``tmp``; returns (or raises) what went wrong."""
+def _complete(tmp: Path, final: Path, failed: list[int], finish: Callable[[Path], None] | None) -> BaseException | None:
+    """Finish and rename when no rank failed, otherwise remove ``tmp``; returns what went wrong."""
     if failed:
         shutil.rmtree(tmp, ignore_errors=True)
         return None
@@ -145,10 +125,47 @@ def _complete(tmp: Path, final: Path, failed: list[int], finish: Callable[[Path]
         commit(tmp, final)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if raise_error:
-            raise
         return exc
     return None
+
+
+def discard(path: str | os.PathLike[str]) -> None:
+    """Delete a checkpoint directory, renamed to a hidden name first: a kill mid-delete leaves only
+    ``.NAME.trash`` (which :func:`clean_stale` removes), never a partial directory under a checkpoint name."""
+    path = Path(path)
+    trash = path.parent / f".{path.name}.trash"
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def rotate(family: Sequence[Path], keep: int | None, written: Path | None = None,
+           protected: Collection[str] = ()) -> list[Path]:
+    """Delete the members of ``family`` (listed oldest first) beyond the newest ``keep``; return what went.
+
+    ``keep`` None or <= 0 keeps everything. Never deleted, wherever they sort: the newest member and
+    ``written`` (the checkpoint just saved), both counted among the ``keep``, and a directory whose name is
+    in ``protected`` (which does not count).
+    """
+    if keep is None or keep <= 0:
+        return []
+    members = [Path(p) for p in family if Path(p).name not in protected]
+    keepers = set(members[-1:]) | ({Path(written)} if written is not None and Path(written).is_dir() else set())
+    others = [p for p in members if p not in keepers]
+    room = keep - len(keepers)
+    doomed = others[:-room] if room > 0 else others
+    for path in doomed:
+        discard(path)
+    return doomed
+
+
+def clean_stale(root: str | os.PathLike[str]) -> None:
+    """Remove the temporary, replaced and trash directories a killed run left in ``root`` (never checkpoints)."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name or p.name.endswith(".trash")):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -47,8 +47,8 @@ def save_target(name: str, output_dir: str | os.PathLike[str] | None, overwrite:
     """Where ``save(name, output_dir)`` writes; refuses to replace anything that is not a twinkle checkpoint.
 
     Saving replaces an existing directory of that name. That is only allowed for an empty directory
-    or a (complete or damaged) twinkle checkpoint -- one holding ``trainer_state.json`` (``save``)
-    or ``manifest.json`` (the Trainer) -- unless ``overwrite=True``: a user's project directory is
+    or a (complete or damaged) twinkle checkpoint -- one holding ``trainer_state.json`` or
+    ``manifest.json`` (a ``save``'s, or the Trainer's) -- unless ``overwrite=True``: a user's project directory is
     never deleted because its name was passed to ``save``.
     """
     final = checkpoint_path(name, output_dir)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from twinkle import __version__
 
 #: Commands defined by core itself (modules under twinkle.cli); a plugin cannot take these names.
-BUILTIN_COMMANDS = ("plugins", "info", "train")
+BUILTIN_COMMANDS = ("plugins", "info", "train", "plot")
 
 
 def _plugin_commands() -> dict[str, str]:
@@ -26,7 +26,7 @@ def _plugin_commands() -> dict[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from twinkle.cli import info_cmd, plugins_cmd, train_cmd
+    from twinkle.cli import info_cmd, plot_cmd, plugins_cmd, train_cmd
 
     parser = argparse.ArgumentParser(prog="twinkle", description="twinkle: a modular LLM training workbench.")
     parser.add_argument("--version", action="version", version=f"twinkle-core {__version__}")
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     plugins_cmd.add_parser(sub)
     info_cmd.add_parser(sub)
     train_cmd.add_parser(sub)
+    plot_cmd.add_parser(sub)
     for name, help_text in sorted(_plugin_commands().items()):
         sub.add_parser(name, help=help_text, add_help=False)
     return parser

@@ -39,7 +39,7 @@ def help_text() -> str:
     return render_help(schema, "usage: twinkle train [CONFIG] [--GROUP.NAME VALUE | --NAME VALUE ...] [--debug]", [
         (__doc__ or "").replace("``", "").strip(), "",
         "  CONFIG   a .yaml/.yml/.toml trainer config (default: the embedded job)",
-        "  --debug  show the traceback of an error",
+        "  --debug  the Trainer's debug mode (see below), and the traceback of an error",
         "",
         "default: what `twinkle train` with no config file uses; config file: what a config file that",
         "leaves the field out gets.",
@@ -71,8 +71,7 @@ def run(tokens: list[str]) -> int:
     from twinkle.config import ConfigError
     from twinkle.hub import HubError
 
-    debug = "--debug" in tokens
-    tokens = [t for t in tokens if t != "--debug"]
+    debug = "--debug" in tokens  # the Trainer's debug option; here also: show the traceback of an error
     if {"-h", "--help"} & set(tokens):
         print(help_text(), end="")
         return 0
@@ -103,6 +102,8 @@ def _train(config: Any) -> int:
               f"final loss {loss}; checkpoint: {result.checkpoint}")
         if result.best_eval_loss is not None:
             print(f"twinkle train: best eval loss {result.best_eval_loss:.4f}: {trainer.work_dir / 'best-checkpoint'}")
+        if config.exp_tracker == "jsonl":
+            print(f"twinkle train: curves and a summary: twinkle plot {trainer.work_dir}")
     return 130 if result.interrupted else 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -12,10 +13,23 @@ from twinkle.config.values import coerce
 T = TypeVar("T")
 
 
-class Config:
+class _Spellings(type):
+    """Config classes take every spelling of their options as keywords: ``TrainerConfig(optim_cfg=...)``,
+    ``DatasetConfig(anno_path=...)``. Keywords that are all field names construct the dataclass directly;
+    any other spelling goes through :func:`from_mapping` and :func:`build`, with the same checks and errors."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if kwargs and not args and dataclasses.is_dataclass(cls):
+            if not set(kwargs) <= {f.name for f in dataclasses.fields(cls)}:
+                return build(cls, [from_mapping(schema_of(cls), kwargs)], required=False)
+        return super().__call__(*args, **kwargs)
+
+
+class Config(metaclass=_Spellings):
     """Base of config dataclasses: every field is checked (and converted) when the object is made.
 
-    ``LoraConfig(r=0)`` fails like ``--lora.r 0`` does; a group given as a mapping is built.
+    ``LoraConfig(r=0)`` fails like ``--lora.r 0`` does; a group given as a mapping is built (``None``: its
+    defaults; a list: the group's ``LIST_FIELD``). Any spelling of a field works as a keyword.
     Override :meth:`check` for rules across fields.
     """
 
@@ -26,6 +40,11 @@ class Config:
                 setattr(self, name, coerce(spec, getattr(self, name), name))
         for name, group_cls in schema.groups.items():
             value = getattr(self, name)
+            if value is None:
+                value = group_cls()
+                setattr(self, name, value)
+            if isinstance(value, (list, tuple)) and getattr(group_cls, "LIST_FIELD", None):
+                value = {group_cls.LIST_FIELD: list(value)}
             if isinstance(value, Mapping):
                 setattr(self, name, _group(group_cls, name, from_mapping(schema, {name: value}).fields))
             elif not isinstance(value, group_cls):

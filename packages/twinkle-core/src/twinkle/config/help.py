@@ -40,7 +40,7 @@ def spellings(schema: Schema, spec: Spec) -> str:
     names = [spec.name, *spec.aliases]
     if spec.kind == "bool" and spec.name.startswith("enable_"):
         names.append(spec.name[len("enable_"):])
-    prefix = f"{spec.group}." if spec.group else ""
+    prefix = f"{dash(spec.group)}." if spec.group else ""
     out = [f"--{prefix}{flag}{dash(spec.name)}"]
     if spec.group:
         out += [f"--{flag}{dash(name)}" for name in names if _unique(schema, name)]

@@ -63,8 +63,12 @@ def from_mapping(schema: Schema, data: Mapping[str, Any], source: str | None = N
                                   option=f"{prefix}extra", value=value)
             layer.extra.update({norm(str(k)): v for k, v in value.items()})
         elif group is not None:
+            if value is None:  # a group given as None keeps its defaults (xtuner's ``fsdp_cfg=None``)
+                continue
+            if isinstance(value, (list, tuple)) and getattr(schema.groups[group], "LIST_FIELD", None):
+                value = {schema.groups[group].LIST_FIELD: list(value)}  # ``dataset_cfg=[...]``
             if is_dataclass(value) and not isinstance(value, type):
-                value = {f.name: getattr(value, f.name) for f in fields(value)}
+                value = _set_fields(schema, group, value)
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{prefix}{raw_key}: '{raw_key}' is an option group and needs a table of fields, "
                                   f"got {value!r}.", option=f"{prefix}{raw_key}", value=value)
@@ -76,6 +80,21 @@ def from_mapping(schema: Schema, data: Mapping[str, Any], source: str | None = N
             layer.extra[key] = value  # no field of that name: kept for the script, like an unknown --option
             warn_if_misspelled(schema, key, f"{prefix}{raw_key!r}")
     return layer
+
+
+def _set_fields(schema: Schema, group: str, value: Any) -> dict[str, Any]:
+    """A group object as the fields it sets: those whose value differs from the schema's default.
+
+    So two objects for one group (``optim_cfg=AdamWConfig(...)`` beside ``optimizer=...``) conflict only
+    where both set a field, and a subclass that only changes defaults (``AdamWConfig``) keeps them.
+    """
+    out = {}
+    for f in fields(value):
+        spec = schema.specs.get((group, f.name))
+        item = getattr(value, f.name)
+        if spec is None or item != spec.default:
+            out[f.name] = item
+    return out
 
 
 def warn_if_misspelled(schema: Schema, key: str, where: str) -> None:

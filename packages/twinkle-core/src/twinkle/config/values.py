@@ -26,7 +26,18 @@ def _bad(spec: Spec, option: str, value: Any, why: str = "", bound: str | None =
                        expected=expected)
 
 
+def _dtype_name(spec: Spec, value: Any) -> Any:
+    """A ``torch.dtype`` (or its ``'torch.float32'`` spelling) for a str field with choices: its short name."""
+    if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
+        value = str(value)
+    if spec.choices and isinstance(value, str) and value.startswith("torch.") and value[6:] in spec.choices:
+        return value[6:]
+    return value
+
+
 def _scalar(spec: Spec, kind: str, value: Any, option: str) -> Any:
+    if kind == "str":
+        value = _dtype_name(spec, value)
     if isinstance(value, str):
         word = value.strip().lower()
         if kind == "bool":

@@ -39,7 +39,8 @@ class Backend(Protocol):
     #: Multiplies each loss before backward (the data-parallel size when the wrapper averages
     #: gradients over ranks, as DDP and FSDP2 do); None for none.
     grad_multiplier: int | None
-    #: True when :meth:`run_schedule` runs forward *and* backward itself (megatron's pipeline schedule).
+    #: True when :meth:`run_schedule` runs forward *and* backward itself (megatron's pipeline schedule) for a call
+    #: with one route; several routes run the engine's own forward/backward through :meth:`run`.
     schedules: bool
 
     # ------------------------------------------------------------------ structure

@@ -100,7 +100,7 @@ class Engine:
         Each group's accumulation, metrics and loss outputs are updated as by separate calls, in one pass.
         """
         backend = self.backend
-        if backend.schedules:
+        if backend.schedules and len(routes) == 1:  # several routes (tenants' rows) run eagerly
             return self._scheduled(routes, pieces, task)
         for route in routes:
             route.group.last_outputs = route.group.last_loss = None

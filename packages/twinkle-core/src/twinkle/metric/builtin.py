@@ -69,7 +69,9 @@ def _logits(outputs: Any) -> Any:
 class TokenAccuracy(Metric):
     """Share of trained tokens whose arg-max prediction equals the label.
 
-    Batches without logits or labels (an embedding forward, say) are skipped.
+    Batches without logits or labels (an embedding forward, say) are skipped. Outputs with a
+    ``token_matches(inputs, ignore_index)`` method give the counts themselves (Megatron's
+    vocabulary-parallel logits: no rank holds the whole vocabulary's arg-max).
     """
 
     def __init__(self, name: str = "token_accuracy", ignore_index: int = IGNORE_INDEX) -> None:
@@ -78,6 +80,12 @@ class TokenAccuracy(Metric):
         self.reset()
 
     def update(self, inputs: Mapping[str, Any], outputs: Any) -> None:
+        matches = getattr(outputs, "token_matches", None)
+        if matches is not None:  # outputs that count their arg-max themselves (vocabulary-parallel logits)
+            counts = matches(inputs, self.ignore_index)
+            if counts is not None:
+                self.update_counts(*counts)
+            return
         logits = _logits(outputs)
         labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
         if logits is None or labels is None or logits.dim() < 2:

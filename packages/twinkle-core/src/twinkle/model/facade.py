@@ -30,7 +30,7 @@ from twinkle.engine.backend import ModelBackend
 from twinkle.log import get_logger
 from twinkle.metric import Metric
 from twinkle.model.base import TwinkleModel
-from twinkle.model.components import build_component
+from twinkle.model.components import build_callable, build_component
 from twinkle.model.inputs import collate
 from twinkle.model.optimizer_group import (
     DEFAULT_GROUP,
@@ -151,7 +151,8 @@ class ModelFacade(TwinkleModel):
     def _forward(self, group: OptimizerGroup, inputs: Any, task: str | None, training: bool,
                  options: dict[str, Any]) -> Any:
         task = self._task(group, task)
-        (batch,) = self._batch(group, inputs, task, options)
+        pieces = self._batch(group, inputs, task, options)
+        batch = pieces[0] if len(pieces) == 1 else joined(pieces)  # micro-batches (Megatron's) are forward_backward's
         self._require_parallelized("forward")
         return self.engine.forward([Route(group)], batch, task, training, options)
 
@@ -265,11 +266,7 @@ class ModelFacade(TwinkleModel):
     @locked
     def set_loss(self, loss_cls: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Use a loss (registered name, ``Loss`` class or instance, or a callable ``(inputs, outputs)``)."""
-        group = self._group(adapter_name)
-        loss = build_component("loss", loss_cls, kwargs)
-        if not callable(loss):
-            raise TypeError(f"A loss must be callable as loss(inputs, outputs); got {type(loss).__name__}.")
-        group.loss = loss
+        self._group(adapter_name).loss = build_callable("loss", loss_cls, kwargs, "as loss(inputs, outputs)")
 
     @locked
     def set_optimizer(self, optimizer_cls: Any = "default", *, adapter_name: str | None = None,
@@ -346,11 +343,8 @@ class ModelFacade(TwinkleModel):
     @locked
     def set_processor(self, processor_cls: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Use an input processor (padding, packing) to collate this group's lists of encoded rows."""
-        group = self._group(adapter_name)
-        processor = build_component("processor", processor_cls, kwargs)
-        if not callable(processor):
-            raise TypeError(f"A processor must be callable on a list of rows; got {type(processor).__name__}.")
-        group.processor = processor
+        self._group(adapter_name).processor = build_callable("processor", processor_cls, kwargs,
+                                                             "on a list of rows")
 
     @locked
     def apply_patch(self, patch_cls: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
@@ -446,13 +440,17 @@ class ModelFacade(TwinkleModel):
 
     @locked
     def resume_from_checkpoint(self, checkpoint_dir: str, resume_only_model: bool = False, *,
-                               adapter_name: str | None = None, **kwargs: Any) -> dict[str, int]:
+                               adapter_name: str | None = None, skip_checkpoint_validation: bool = False,
+                               **kwargs: Any) -> dict[str, int]:
         """Restore weights (+ optimizer, scheduler, scaler, RNG unless ``resume_only_model``) and progress.
 
-        Every file is read and checked before anything is changed; returns the restored progress.
+        Every file is read and checked before anything is changed, its bytes against ``manifest.json``'s
+        checksums unless ``skip_checkpoint_validation=True`` (a warning; sizes are still checked); returns the
+        restored progress.
         """
         check_no_kwargs("resume_from_checkpoint", kwargs)
-        return self.checkpoints.resume(self._group(adapter_name), checkpoint_dir, resume_only_model)
+        return self.checkpoints.resume(self._group(adapter_name), checkpoint_dir, resume_only_model,
+                                       skip_checkpoint_validation)
 
     @locked
     def get_state_dict(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
@@ -479,6 +477,15 @@ class ModelFacade(TwinkleModel):
                 if value is not None:
                     lines.append(f"    {label}: {type(value).__name__}")
         return "\n".join(lines)
+
+
+def joined(pieces: list[dict[str, Any]]) -> dict[str, Any]:
+    """Row pieces of one batch (a backend's micro-batches) as the one batch a forward runs."""
+    import torch
+
+    rows = pieces[0]["input_ids"].shape[0]
+    return {k: torch.cat([p[k] for p in pieces]) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows
+            else v for k, v in pieces[0].items()}
 
 
 def routes_of(groups: Mapping[str, OptimizerGroup], ranges: Mapping[str, tuple[int, int]]) -> list[Route]:

@@ -3,8 +3,10 @@
 transformers builds every video processor on torchvision. Where torchvision is missing (or has no
 build for the installed torch, as on CPU-only machines), ``AutoProcessor`` cannot build a
 Qwen-VL/InternVL processor at all, although its image processor has a Pillow backend. twinkle
-then builds the family's processor from its image processor and tokenizer without the video
-part (a logged warning says so): images work, a video raises an error naming the fix.
+then builds the family's processor from its image processor and tokenizer without transformers'
+video processor (a logged warning says so): images work, and for the Qwen-VL families videos given
+as frames work through :class:`twinkle.multimodal.frames.FramesVideoProcessor` (Pillow and numpy);
+a video file raises an error naming what to install.
 """
 
 from __future__ import annotations
@@ -47,27 +49,29 @@ def load_processor(model_id: str) -> Any:
                 from exc
         if str(path) not in _WARNED:
             _WARNED.add(str(path))
-            _report_image_only(model_id, exc, type(processor).__name__)
+            _report_image_only(model_id, exc, processor)
     if not hasattr(processor, "image_processor"):
         raise DataError(f"{model_id!r} has no image processor (got {type(processor).__name__}); it is not a "
                         "vision-language model. Use a text template (Qwen2_5Template, ...) for it.")
     return processor
 
 
-def _report_image_only(model_id: str, exc: Exception, processor: str) -> None:
-    """Say once why videos are off. Without torchvision (CPU builds of torch) that is expected, and a row
-    with a video says so when it comes: an info line. Any other cause is a warning quoting the error's
-    first sentence whole."""
+def _report_image_only(model_id: str, exc: Exception, processor: Any) -> None:
+    """Say once what videos can be here. Without torchvision (CPU builds of torch) that is expected: an info
+    line. Any other cause is a warning quoting the error's first sentence whole."""
     import importlib.util
 
+    name = type(processor).__name__
+    videos = ("videos given as frames are read with Pillow; video files need torchvision and a decoder"
+              if has_video_processor(processor) else "videos need torchvision installed for this torch build")
     if importlib.util.find_spec("torchvision") is None:
-        logger.info("%s: images only (%s without its video processor): transformers' video processors need "
-                    "torchvision, which this environment does not have.", model_id, processor)
+        logger.info("%s: %s without its video processor (transformers' video processors need torchvision, which "
+                    "this environment does not have): %s.", model_id, name, videos)
         return
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     sentence = first.split(". ")[0].rstrip(".")
-    logger.warning("%s: transformers could not build the video processor (%s: %s); using %s for images only.",
-                   model_id, type(exc).__name__, sentence, processor)
+    logger.warning("%s: transformers could not build the video processor (%s: %s); using %s without it: %s.",
+                   model_id, type(exc).__name__, sentence, name, videos)
 
 
 def image_only_processor(path: str | Path) -> Any:
@@ -95,8 +99,13 @@ def image_only_processor(path: str | Path) -> Any:
     template = directory / "chat_template.jinja"
     if template.is_file():
         extra["chat_template"] = template.read_text()
-    return _image_only_class(cls)(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
-                                  **extra)
+    processor = _image_only_class(cls)(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                                       **extra)
+    from twinkle.multimodal.frames import FramesVideoProcessor, takes_frames
+
+    if takes_frames(image_processor) and getattr(processor, "video_token", None) is not None:
+        processor.video_processor = FramesVideoProcessor(image_processor)  # videos given as frames: no torchvision
+    return processor
 
 
 def _image_only_class(cls: type) -> type:
@@ -108,6 +117,11 @@ def _image_only_class(cls: type) -> type:
         @classmethod
         def get_attributes(klass) -> list[str]:
             return [a for a in super().get_attributes() if a != "video_processor"]
+
+        def to_dict(self) -> dict[str, Any]:  # a frames video processor attached here is twinkle's, not saved
+            out = super().to_dict()
+            out.pop("video_processor", None)
+            return out
 
     ImageOnly.__name__ = cls.__name__  # what save_pretrained writes as processor_class
     ImageOnly.__qualname__ = cls.__qualname__

@@ -60,4 +60,4 @@ class MessagesProcessor(Preprocessor):
                     f"MessagesProcessor: turn {i} has from={speaker!r}; known: {', '.join(sorted(SHAREGPT_ROLES))}."
                 )
             return {"role": SHAREGPT_ROLES[speaker], "content": turn.get("value"), "loss": turn.get("loss")}
-        return {key: turn.get(key) for key in ("role", "content", "reasoning_content", "loss")}
+        return {key: turn.get(key) for key in ("role", "content", "reasoning_content", "loss", "tool_calls")}

@@ -39,8 +39,9 @@ class Template:
     ``model_id``: where the tokenizer lives (any id :func:`twinkle.hub.resolve_path` accepts);
     ``None`` is twinkle's embedded tokenizer. ``max_length``/``truncation_strategy``: see
     :func:`twinkle.template.labels.truncate`. ``chat_template`` overrides the tokenizer's;
-    ``default_system`` is added to conversations without a system turn. Other keyword arguments
-    reach the chat template as variables (e.g. ``enable_thinking=True``).
+    ``default_system`` is added to conversations without a system turn. ``trust_remote_code``: let
+    ``AutoTokenizer`` run the tokenizer code a model repository ships (GLM-4, InternLM2 need it).
+    Other keyword arguments reach the chat template as variables (e.g. ``enable_thinking=True``).
     """
 
     #: used instead of the tokenizer's template (ChatMLTemplate)
@@ -62,6 +63,7 @@ class Template:
         chat_template: str | None = None,
         default_system: str | None = None,
         train_turns: str = "all",
+        trust_remote_code: bool = False,
         **template_kwargs: Any,
     ) -> None:
         if truncation_strategy not in TRUNCATION_STRATEGIES:
@@ -78,6 +80,7 @@ class Template:
         self.truncation_strategy = truncation_strategy
         self.default_system = default_system
         self.train_turns = train_turns
+        self.trust_remote_code = bool(trust_remote_code)
         self.explicit_template_kwargs = dict(template_kwargs)
         self.template_kwargs = {**self.default_template_kwargs, **template_kwargs}
         self._chat_template = chat_template
@@ -88,7 +91,7 @@ class Template:
     def tokenizer(self) -> Any:
         """The HF tokenizer, loaded on first use (offline for local paths and embedded assets)."""
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.model_id)
+            self._tokenizer = load_tokenizer(self.model_id, trust_remote_code=self.trust_remote_code)
         return self._tokenizer
 
     @property
@@ -204,6 +207,8 @@ class Template:
         if backend is not None and backend.truncation is None and backend.padding is None:
             encodings = backend.encode_batch(texts, add_special_tokens=False)
             return [(e.ids, lambda spans, e=e: labels_from_encoding(e, spans)) for e in encodings]
+        if not getattr(self.tokenizer, "is_fast", True):
+            return [_slow_tokenize(self.tokenizer, text) for text in texts]
         enc = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
         out = []
         for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"]):
@@ -228,7 +233,7 @@ class Template:
             raise DataError(f"row {index}: {exc}") from None
         if self.default_system and checked[0]["role"] != "system":
             checked.insert(0, {"role": "system", "content": self.default_system})
-        clean = [{k: v for k, v in m.items() if v is not None and k != "loss"} for m in checked]
+        clean = [_for_chat_template(m) for m in checked]
         return Conversation(clean, parsed_tools or None, [m["loss"] for m in checked if m["role"] == "assistant"])
 
     def _trained_turns(self, conv: Conversation) -> list[bool]:
@@ -325,8 +330,13 @@ class Template:
                 f"truncation_strategy={self.truncation_strategy!r})")
 
 
-def load_tokenizer(model_id: str | None) -> Any:
-    """``AutoTokenizer`` for ``model_id`` (None: the embedded one), resolved by :func:`twinkle.hub.resolve_path`."""
+def load_tokenizer(model_id: str | None, trust_remote_code: bool = False) -> Any:
+    """``AutoTokenizer`` for ``model_id`` (None: the embedded one), resolved by :func:`twinkle.hub.resolve_path`.
+
+    ``trust_remote_code`` lets a repository's own tokenizer code run (its ``auto_map``). Slow (Python)
+    tokenizers are accepted: they give no character offsets, so labels are placed by tokenizing the
+    text up to each trained span's edges (:func:`_slow_tokenize`).
+    """
     from twinkle.assets import DEFAULT_MODEL_ID
     from twinkle.hub import resolve_path
 
@@ -335,12 +345,65 @@ def load_tokenizer(model_id: str | None) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:
-        raise DataError(f"Could not load a tokenizer from {source!r} ({path}): {type(exc).__name__}: {exc}") from exc
-    if not getattr(tokenizer, "is_fast", True):
-        raise DataError(f"The tokenizer of {source!r} is not a fast (Rust) tokenizer; twinkle needs offset mappings.")
+        hint = ""
+        if not trust_remote_code and ("trust_remote_code" in str(exc) or _ships_tokenizer_code(path)):
+            hint = (" This repository ships its own tokenizer code; pass trust_remote_code=True to the template "
+                    "(e.g. dataset.set_template('GLM4Template', model_id=..., trust_remote_code=True)) to run it.")
+        raise DataError(f"Could not load a tokenizer from {source!r} ({path}): {type(exc).__name__}: {exc}.{hint}"
+                        ) from exc
     return tokenizer
+
+
+def _ships_tokenizer_code(path: Any) -> bool:
+    """Whether a model directory names its own tokenizer code (``auto_map`` in tokenizer_config.json)."""
+    from pathlib import Path
+
+    config = Path(path) / "tokenizer_config.json"
+    try:
+        return "AutoTokenizer" in (json.loads(config.read_text(encoding="utf-8")).get("auto_map") or {})
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _slow_tokenize(tokenizer: Any, text: str) -> tuple[list[int], Any]:
+    """(ids, spans -> labels) with a tokenizer that reports no offsets.
+
+    A span edge at character c maps to ``len(encode(text[:c]))`` tokens, which is exact when the
+    tokens of ``text[:c]`` are a prefix of those of ``text`` -- true at the special tokens that open
+    and close turns, which slow tokenizers split out before tokenizing. Where it is not (the
+    tokenizer merges characters across the edge), labelling stops with a DataError naming the edge.
+    """
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+
+    def edge(c: int) -> int:
+        head = list(tokenizer.encode(text[:c], add_special_tokens=False)) if c else []
+        if ids[:len(head)] != head:
+            raise DataError(
+                f"the {type(tokenizer).__name__} tokenizer (slow: no character offsets) merges characters across the "
+                f"trained span edge at character {c} ({text[max(c - 20, 0):c]!r} | {text[c:c + 20]!r}), so the "
+                "trained tokens cannot be told apart. Use a fast tokenizer, or a chat template that puts special "
+                "tokens at the turn edges.")
+        return len(head)
+
+    def labels(spans: list[Span]) -> list[int]:
+        out = [IGNORE_INDEX] * len(ids)
+        for start, end in spans:
+            first, last = edge(start), edge(end)
+            out[first:last] = ids[first:last]
+        return out
+
+    return ids, labels
+
+
+def _for_chat_template(message: dict[str, Any]) -> dict[str, Any]:
+    """A checked message as chat templates read it: None-valued keys and ``loss`` removed, ``tool_calls``
+    as the ``[{"type": "function", "function": {"name", "arguments"}}]`` list transformers' templates expect."""
+    out = {k: v for k, v in message.items() if v is not None and k not in ("loss", "tool_calls")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [{"type": "function", "function": call} for call in json.loads(message["tool_calls"])]
+    return out
 
 
 def _special_tokens(tokenizer: Any) -> dict[str, Any]:

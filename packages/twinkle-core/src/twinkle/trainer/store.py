@@ -1,11 +1,12 @@
 """Trainer checkpoints in ``work_dir/checkpoints``: atomic, verifiable, rotated, found again on resume.
 
 A checkpoint is ``step-00000012/`` holding ``model/`` (the model's own ``save(save_optimizer=True)``:
-weights, optimizer, scheduler, RNG, data position), ``trainer.json`` (the Trainer's own progress)
-and ``manifest.json`` (every file with its size and xxh3 checksum, ``twinkle.checkpoint.manifest``),
-written last. The whole directory is built under a temporary name and renamed into place, so a
-directory under its final name is complete; :func:`verify` re-checks the manifest so a damaged one
-(missing, truncated or bit-flipped file) is detected before anything is loaded.
+weights, optimizer, scheduler, RNG, data position, its own manifest), ``trainer.json`` (the Trainer's own
+progress) and ``manifest.json`` (every file with its size and xxh3 checksum, ``twinkle.checkpoint.manifest``),
+written last. The directory's life is core's (``twinkle.checkpoint``: one temporary name for every rank,
+renamed once all succeeded; ``rotate``; ``discard``; ``clean_stale``), so a directory under its final name
+is complete; :func:`verify` re-checks the manifest so a damaged one (missing, truncated or bit-flipped
+file) is detected before anything is loaded.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from twinkle.checkpoint import CheckpointError, shared_atomic_directory, shared_commit, shared_temporary
+from twinkle.checkpoint import CheckpointError, PendingSave, begin_directory, shared_atomic_directory
+from twinkle.checkpoint import clean_stale as clean_stale  # core's, reached through this module by the Trainer
+from twinkle.checkpoint import discard as discard
+from twinkle.checkpoint import rotate as rotate_family
 from twinkle.checkpoint.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from twinkle.log import get_logger
 
@@ -52,43 +55,24 @@ def write_checkpoint(root: Path, step: int, save_model: Any, trainer_state: dict
     return final
 
 
-class PendingCheckpoint:
+class PendingCheckpoint(PendingSave):
     """A checkpoint whose model files are still being written (``async_checkpoint``).
 
-    Until :meth:`finish` it exists only as ``.step-N.tmp-*`` (removed by :func:`clean_stale` after
-    a crash); :meth:`finish` waits for the writes, then rank 0 adds trainer.json and the manifest and
-    renames it, once every rank's writes succeeded (core's ``shared_commit``).
+    Until :meth:`finish` it exists only as ``.step-N.tmp-*`` (removed by ``clean_stale`` after a crash);
+    :meth:`finish` waits for the writes, then rank 0 adds trainer.json and the manifest and renames it,
+    once every rank's writes succeeded.
     """
-
-    def __init__(self, tmp: Path, final: Path, step: int, model_save: Any, trainer_state: dict[str, Any]) -> None:
-        self.tmp, self.final, self.step = tmp, final, step
-        self.model_save, self.trainer_state = model_save, trainer_state
-
-    def done(self) -> bool:
-        """This process's writes are over (finishing will not block on them)."""
-        return self.model_save.done()
 
     def finish(self) -> Path:
         """Complete it under its final name (every rank calls this)."""
-        ok = False
-        try:
-            self.model_save.wait()
-            ok = True
-        finally:
-            shared_commit(self.tmp, self.final, ok, finish=lambda tmp: _finish(tmp, self.step, self.trainer_state))
-        return self.final
+        return Path(self.wait())
 
 
 def begin_checkpoint(root: Path, step: int, save_model: Any, trainer_state: dict[str, Any],
                      name: str | None = None) -> PendingCheckpoint:
     """Start ``root/step-N`` (or ``root/name``): ``save_model(tmp)`` returns the model's pending save."""
-    final = root / (name or checkpoint_name(step))
-    tmp = shared_temporary(final)
-    try:
-        return PendingCheckpoint(tmp, final, step, save_model(tmp), trainer_state)
-    except BaseException:
-        shared_commit(tmp, final, ok=False)
-        raise
+    return begin_directory(root / (name or checkpoint_name(step)), lambda tmp: [save_model(tmp)],
+                           finish=lambda tmp: _finish(tmp, step, trainer_state), kind=PendingCheckpoint)
 
 
 def _finish(tmp: Path, step: int, trainer_state: dict[str, Any]) -> None:
@@ -141,35 +125,8 @@ def complete_checkpoints(root: Path, checksums: bool = False) -> list[tuple[int,
     return result
 
 
-def rotate(root: Path, maxkeep: int | None) -> list[Path]:
-    """Delete the oldest complete checkpoints beyond ``maxkeep`` (never the newest); return what went.
-
-    Each goes through :func:`discard`. Damaged checkpoints are left for a human.
-    """
-    if maxkeep is None or maxkeep <= 0:
-        return []
-    keep = max(maxkeep, 1)
-    complete = complete_checkpoints(root)
-    removed = []
-    for _, path in complete[:-keep]:
-        discard(path)
-        removed.append(path)
-    return removed
-
-
-def discard(path: Path) -> None:
-    """Delete a checkpoint directory, renamed to a hidden name first: a kill mid-delete leaves only
-    ``.NAME.trash`` (which :func:`clean_stale` removes), never a partial directory under a checkpoint name."""
-    trash = path.parent / f".{path.name}.trash"
-    os.replace(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def clean_stale(root: Path) -> None:
-    """Remove temporary and trash directories a killed run left behind (they are never checkpoints)."""
-    if not root.is_dir():
-        return
-    for p in root.iterdir():
-        if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name or p.name.endswith(".trash")):
-            shutil.rmtree(p, ignore_errors=True)
+def rotate(root: Path, maxkeep: int | None, written: Path | None = None) -> list[Path]:
+    """Delete the oldest complete checkpoints beyond ``maxkeep`` (never the newest, never ``written``: the one
+    just saved, which counts among the kept); return what went. Damaged checkpoints are left for a human."""
+    return rotate_family([path for _, path in complete_checkpoints(root)], maxkeep, written=written)
 

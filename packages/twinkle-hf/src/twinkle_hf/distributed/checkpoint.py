@@ -1,12 +1,12 @@
-"""Checkpoints of a wrapped model on several ranks, and asynchronous checkpoints.
+"""The sharded half of a TransformersModel's checkpoint: torch.distributed.checkpoint folders every rank writes.
 
-The directory keeps the single-process layout (HF-loadable weights or PEFT adapter, scheduler,
-scaler, RNG, ``trainer_state.json``) and adds torch.distributed.checkpoint folders every rank
-writes its shards into: ``dcp_model`` (the group's trainable parameters) and ``dcp_optimizer``; an
-asynchronous save writes both as one DCP checkpoint, ``dcp_state`` (one writer thread, one final
-gather). The HF export is gathered (a collective) and written by rank 0. The directory is written
-through core's shared atomic-directory protocol: one temporary name, renamed by rank 0 once every
-rank succeeded (``shared_temporary`` / ``shared_commit`` when the writes finish in the background).
+A distributed model's checkpoint (and an asynchronous one on any number of processes) keeps the HF
+export of the single-process layout -- gathered, written by rank 0 -- and adds DCP folders holding each
+rank's shards: ``dcp_model`` (the group's trainable parameters) and ``dcp_optimizer``; an asynchronous
+save writes both as one DCP checkpoint, ``dcp_state`` (one writer thread, one final gather). Reading
+checks every key and shape without running pickled code (``twinkle.checkpoint.dcp_safe``) before
+anything is loaded. The directory, the side files and the agreement of the ranks are the checkpoint
+manager's (``twinkle.checkpoint.manager``).
 """
 
 from __future__ import annotations
@@ -19,16 +19,7 @@ from typing import Any
 import torch
 
 from twinkle import collective
-from twinkle.checkpoint import (
-    RNG_FILE,
-    SCALER_FILE,
-    SCHEDULER_FILE,
-    CheckpointError,
-    apply_side_states,
-    capture_rng_state,
-    read_side_states,
-    torch_save,
-)
+from twinkle.checkpoint import CheckpointError
 
 DCP_MODEL = "dcp_model"
 DCP_OPTIMIZER = "dcp_optimizer"
@@ -54,7 +45,7 @@ def trainable_params(backend: Any, group: Any) -> dict[str, torch.Tensor]:
 
 def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool,
                  async_save: bool = False) -> list[Future]:
-    """Every rank writes its shards of the weights (and optimizer) with DCP; rank 0 the small files.
+    """Every rank writes its shards of the weights (and optimizer) with DCP.
 
     ``async_save``: DCP's ``async_save`` copies the tensors to host memory now and writes them in a
     background thread; the returned futures finish the writes (every file is under ``directory``).
@@ -70,57 +61,41 @@ def save_sharded(owner: Any, group: Any, directory: Path, save_optimizer: bool,
                                   process_group=collective.background_group())]
     else:
         pending = [dcp.save(part, checkpoint_id=str(directory / name)) for name, part in state.items()]
-    futures = [f for f in pending if isinstance(f, Future)]
-    if not save_optimizer:
-        return futures
-    rank = collective.rank()
-    torch_save(capture_rng_state(), directory / rng_file(rank))
-    if rank == 0:
-        if group.lr_scheduler is not None:
-            torch_save(group.lr_scheduler.state_dict(), directory / SCHEDULER_FILE)
-        if group.scaler is not None:
-            torch_save(group.scaler.state_dict(), directory / SCALER_FILE)
-    return futures
+    return [f for f in pending if isinstance(f, Future)]
 
 
-def rng_file(rank: int) -> str:
-    """Rank 0 keeps the single-process name; the other ranks' generators sit beside it."""
-    return RNG_FILE if rank == 0 else RNG_FILE.replace(".pt", f".rank{rank}.pt")
+def read_sharded(owner: Any, group: Any, directory: Path, with_optimizer: bool) -> dict[str, Any]:
+    """Check this rank's shards of the weights (and optimizer state) in ``directory``; nothing changes.
 
-
-def load_sharded(owner: Any, group: Any, directory: Path, with_training_state: bool) -> None:
-    """Load this rank's shards of the weights (and optimizer, scheduler, scaler, RNG).
-
-    Every rank first checks every file (DCP metadata read without unpickling code, keys and shapes,
-    the small files' contents) and the ranks agree; only then does anything change.
+    Returns the state dicts :func:`apply_sharded` loads into: the DCP metadata is read without unpickling
+    code, and every key and shape a load will ask for must be in it.
     """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    staged = {DCP_MODEL: {n: p.detach() for n, p in trainable_params(owner, group).items()}}
+    _check_dcp(directory, DCP_MODEL, staged[DCP_MODEL], "sharded weights")
+    if with_optimizer:
+        optimizers = optimizers_of(group.optimizer)
+        fresh = [opt for opt in optimizers if not opt.state]
+        try:
+            staged[DCP_OPTIMIZER] = get_optimizer_state_dict(owner.module, optimizers)
+        finally:  # reading the layout initialised a fresh optimizer's state: undone (apply does it again)
+            for opt in fresh:
+                opt.state.clear()
+        _check_dcp(directory, DCP_OPTIMIZER, staged[DCP_OPTIMIZER], "optimizer state")
+    return staged
+
+
+def apply_sharded(owner: Any, group: Any, directory: Path, staged: dict[str, Any]) -> None:
+    """Load the shards :func:`read_sharded` checked: the weights, then the optimizer state."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     from twinkle.checkpoint.dcp_safe import dcp_load
 
-    params = trainable_params(owner, group)
-    state = {n: p.detach() for n, p in params.items()}
-    fresh = [opt for opt in optimizers_of(group.optimizer) if not opt.state] if group.optimizer is not None else []
-    side, problem = None, None
-    try:
-        _check_dcp(directory, DCP_MODEL, state, "sharded weights")
-        side = _read_side_files(owner, group, directory) if with_training_state else None
-    except Exception as exc:  # every rank must hear about it before anyone loads (a collective)
-        problem = exc
-    failed = collective.failed_ranks(problem is None)
-    if failed:
-        for opt in fresh:  # reading the optimizer's DCP layout initialised a fresh optimizer's state
-            opt.state.clear()
-        if problem is not None:
-            raise problem
-        raise CheckpointError(f"Checking {str(directory)!r} failed on rank(s) {failed}; nothing was loaded here "
-                              "either (see their error).")
-    dcp_load(*_dcp_part(directory, DCP_MODEL, state))
-    if side is None:
-        return
-    dcp_load(*_dcp_part(directory, DCP_OPTIMIZER, side["optimizer"]))
-    set_optimizer_state_dict(owner.module, optimizers_of(group.optimizer), side["optimizer"])
-    apply_side_states(group, side)
+    dcp_load(*_dcp_part(directory, DCP_MODEL, staged[DCP_MODEL]))
+    if DCP_OPTIMIZER in staged:
+        dcp_load(*_dcp_part(directory, DCP_OPTIMIZER, staged[DCP_OPTIMIZER]))
+        set_optimizer_state_dict(owner.module, optimizers_of(group.optimizer), staged[DCP_OPTIMIZER])
 
 
 def _dcp_part(directory: Path, part: str, state: dict[str, Any]) -> tuple[dict[str, Any], Path]:
@@ -143,20 +118,6 @@ def _check_dcp(directory: Path, sub: str, state: dict[str, Any], what: str) -> N
     if location.name == DCP_STATE and not any(k.startswith(f"{sub}.") for k in metadata.state_dict_metadata):
         raise CheckpointError(f"{str(location)!r} holds no {what}; {hint}.")
     check_dcp_state(metadata, wrapped, f"{str(location)!r}")
-
-
-def _read_side_files(owner: Any, group: Any, directory: Path) -> dict[str, Any]:
-    """The optimizer's DCP state to load into, and the checked scheduler, scaler and RNG states."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    if group.optimizer is None:
-        raise RuntimeError(f"resume_from_checkpoint restores the optimizer of group {group.name!r}, which has none: "
-                           "call set_optimizer first, or pass resume_only_model=True.")
-    optimizer = get_optimizer_state_dict(owner.module, optimizers_of(group.optimizer))
-    _check_dcp(directory, DCP_OPTIMIZER, optimizer, "optimizer state")
-    rng = directory / rng_file(collective.rank())
-    rng = rng if rng.is_file() else directory / RNG_FILE
-    return {"optimizer": optimizer, **read_side_states(directory, group, rng)}
 
 
 def gathered_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ def load_rank0_only(model_cls: Any, model_id: str | None, config: Any, kwargs: d
 
     if collective.rank() == 0:
         return loading.load_hf_model(model_cls, model_id, config, kwargs)
-    cls = loading.choose_model_cls(model_cls, model_id, config)
+    cls = loading.choose_model_cls(model_cls, model_id, config, bool(kwargs.get("trust_remote_code", False)))
     kwargs = dict(kwargs)
     if "torch_dtype" in kwargs and "dtype" not in kwargs:
         kwargs["dtype"] = kwargs.pop("torch_dtype")

@@ -32,15 +32,18 @@ def resolve_model_cls(model_cls: Any) -> Any:
     return model_cls
 
 
-def choose_model_cls(model_cls: Any, model_id: str | None, config: PretrainedConfig | None) -> Any:
+def choose_model_cls(model_cls: Any, model_id: str | None, config: PretrainedConfig | None,
+                     trust_remote_code: bool = False) -> Any:
     """:func:`resolve_model_cls`, with a vision-language model's image-text-to-text class in place of the
-    default ``AutoModelForCausalLM`` (read from ``config``, else from the model directory's config.json)."""
+    default ``AutoModelForCausalLM`` (read from ``config``, else from the model directory's config.json,
+    with the caller's ``trust_remote_code`` for a remote-code architecture)."""
     cls = resolve_model_cls(model_cls)
     if cls is not transformers.AutoModelForCausalLM:
         return cls
     if config is None and model_id is not None:
         path = Path(resolve_model_path(model_id)) / "config.json"
-        config = AutoConfig.from_pretrained(path.parent) if path.is_file() else None
+        config = AutoConfig.from_pretrained(path.parent, trust_remote_code=trust_remote_code) \
+            if path.is_file() else None
     return model_class_for(cls, config) if config is not None else cls
 
 
@@ -71,7 +74,7 @@ def load_hf_model(model_cls: Any, model_id: str | None, config: PretrainedConfig
     transformers would initialise randomly or drop with a warning) are an error.
     Returns the model and the local path it came from.
     """
-    cls = choose_model_cls(model_cls, model_id, config)
+    cls = choose_model_cls(model_cls, model_id, config, bool(kwargs.get("trust_remote_code", False)))
     kwargs = dict(kwargs)
     if "torch_dtype" in kwargs and "dtype" not in kwargs:
         kwargs["dtype"] = kwargs.pop("torch_dtype")
@@ -102,7 +105,7 @@ def build_for_sharding(model_cls: Any, model_id: str, config: PretrainedConfig |
     None when there is nothing to read shard by shard (a config-only asset: random init) or the
     checkpoint must be loaded whole (said in one info line); the caller then loads it the plain way.
     """
-    cls = choose_model_cls(model_cls, model_id, config)
+    cls = choose_model_cls(model_cls, model_id, config, bool(kwargs.get("trust_remote_code", False)))
     path = resolve_model_path(model_id)
     check_not_adapter_dir(path)
     if not has_weights(path):

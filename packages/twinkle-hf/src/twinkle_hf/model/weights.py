@@ -30,21 +30,20 @@ def adapter_state_dict(model: PeftModel, adapter_name: str) -> dict[str, torch.T
     return get_peft_model_state_dict(model, adapter_name=adapter_name)
 
 
-def save_adapter(model: PeftModel, adapter_name: str, directory: Path) -> None:
-    """Write ``adapter_model.safetensors`` + ``adapter_config.json`` flat in ``directory``.
+def write_adapter(state: Mapping[str, torch.Tensor], config: Any, directory: Path,
+                  base_model_path: str | None = None) -> None:
+    """``adapter_model.safetensors`` + ``adapter_config.json`` flat in ``directory`` from ``state`` (full tensors:
+    gathered first when the model is sharded) and its peft config.
 
-    (``PeftModel.save_pretrained`` puts non-default adapters in a sub-directory; a flat layout
-    loads with ``PeftModel.from_pretrained(base, directory)`` whatever the adapter's name.)
+    (``PeftModel.save_pretrained`` puts non-default adapters in a sub-directory; a flat layout loads with
+    ``PeftModel.from_pretrained(base, directory)`` whatever the adapter's name.)
     """
-    write_adapter(model, adapter_name, adapter_state_dict(model, adapter_name), directory)
-
-
-def write_adapter(model: PeftModel, adapter_name: str, state: Mapping[str, torch.Tensor], directory: Path) -> None:
-    """The adapter files from ``state`` (full tensors: gathered first when the model is sharded)."""
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    config = copy.deepcopy(model.peft_config[adapter_name])
+    config = copy.deepcopy(config)
     config.inference_mode = True
+    if base_model_path is not None:
+        config.base_model_name_or_path = base_model_path
     config.save_pretrained(str(directory))
 
 

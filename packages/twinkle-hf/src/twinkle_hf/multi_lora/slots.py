@@ -29,6 +29,7 @@ from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import check_target_module_exists
 
 from twinkle.engine import Route
+from twinkle.hub import portable_id
 from twinkle.model.lora_targets import with_default_targets
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multi_lora import LoraTenant, TenantSpec
@@ -189,9 +190,9 @@ class LoraSlots:
         return tenant_state_dict(self, self.specs[group.name])
 
     def write(self, group: OptimizerGroup, state: dict[str, torch.Tensor], directory: Path) -> None:
-        from twinkle_hf.multi_lora.tenant_io import save_tenant
+        from twinkle_hf.model.weights import write_adapter
 
-        save_tenant(state, self.configs[group.name], directory, self.backend.model_path)
+        write_adapter(state, self.configs[group.name], directory, portable_id(self.backend.model_id))
 
     def load(self, group: OptimizerGroup, directory: Path) -> None:
         from twinkle_hf.multi_lora.tenant_io import config_fits, load_tenant, read_tenant_config

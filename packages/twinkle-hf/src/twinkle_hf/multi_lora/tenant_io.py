@@ -1,6 +1,7 @@
 """A tenant's adapter as a standard PEFT directory (rank r, not max_r), and back into a slot.
 
-The files are what ``PeftModel.save_pretrained`` writes for the tenant's own LoraConfig:
+The files (``twinkle_hf.model.weights.write_adapter``) are what ``PeftModel.save_pretrained`` writes for
+the tenant's own LoraConfig:
 ``adapter_model.safetensors`` with keys ``base_model.model.<layer>.lora_A.weight`` (r, in) and
 ``...lora_B.weight`` (out, r), and ``adapter_config.json``. Loading checks every key and shape
 before copying anything.
@@ -8,13 +9,12 @@ before copying anything.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from peft import LoraConfig, PeftConfig
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from twinkle.checkpoint import CheckpointError
 from twinkle.multi_lora import TenantSpec
@@ -36,19 +36,6 @@ def tenant_state_dict(slots: LoraSlots, spec: TenantSpec) -> dict[str, torch.Ten
             state[f"{_PREFIX}{name}.lora_A.weight"] = full(a)[:spec.r].detach().cpu().clone()
             state[f"{_PREFIX}{name}.lora_B.weight"] = full(b)[:, :spec.r].detach().cpu().clone()
     return state
-
-
-def save_tenant(state: dict[str, torch.Tensor], config: LoraConfig, directory: Path,
-                base_model_path: str | None) -> None:
-    """Write the flat PEFT directory of a tenant (loadable by ``PeftModel.from_pretrained``) from its
-    :func:`tenant_state_dict`."""
-    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-    save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    config = copy.deepcopy(config)
-    config.inference_mode = True
-    if base_model_path is not None:
-        config.base_model_name_or_path = base_model_path
-    config.save_pretrained(str(directory))
 
 
 def read_tenant_config(directory: str | Path) -> LoraConfig:

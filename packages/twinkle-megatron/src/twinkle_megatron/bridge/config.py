@@ -38,10 +38,19 @@ class ModelArgs:
     attention_dropout: float = 0.0
     init_method_std: float = 0.02
     moe: dict[str, Any] = field(default_factory=dict)
+    mla: dict[str, Any] = field(default_factory=dict)  # MLATransformerConfig fields (DeepSeek)
 
     @property
     def qk_layernorm(self) -> bool:
         return self.family.qk_norm
+
+    @property
+    def attention_output_gate(self) -> bool:
+        return self.family.gated_attention
+
+    @property
+    def zero_centered_norm(self) -> bool:
+        return self.family.zero_centered_norm
 
     @property
     def num_experts(self) -> int | None:
@@ -59,7 +68,12 @@ class ModelArgs:
             add_bias_linear=self.add_bias_linear, qk_layernorm=self.qk_layernorm, hidden_dropout=0.0,
             attention_dropout=self.attention_dropout, init_method_std=self.init_method_std,
         )
+        if self.attention_output_gate:
+            kwargs["attention_output_gate"] = True
+        if self.zero_centered_norm:
+            kwargs["layernorm_zero_centered_gamma"] = True
         kwargs.update(self.moe)
+        kwargs.update(self.mla)
         return kwargs
 
     def gpt_kwargs(self) -> dict[str, Any]:
@@ -104,21 +118,104 @@ def _require(hf_config: Any, name: str) -> Any:
     return value
 
 
-def _moe_args(hf_config: Any, num_layers: int) -> dict[str, Any]:
-    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
-    step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
-    dense = set(getattr(hf_config, "mlp_only_layers", None) or [])
-    layer_freq = [0 if (i in dense or (i + 1) % step) else 1 for i in range(num_layers)]
-    return dict(
-        num_moe_experts=int(experts), moe_router_topk=int(_require(hf_config, "num_experts_per_tok")),
+def _moe_args(hf_config: Any, num_layers: int, family: Family) -> dict[str, Any]:
+    """Megatron's MoE fields, or {} when no layer has experts (then the model is dense)."""
+    experts = (getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
+               or getattr(hf_config, "n_routed_experts", None))
+    if family.name == "deepseek_v3":
+        first_dense = int(getattr(hf_config, "first_k_dense_replace", 0) or 0)
+        layer_freq = [0 if i < first_dense else 1 for i in range(num_layers)]
+    else:
+        step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
+        dense = set(getattr(hf_config, "mlp_only_layers", None) or [])
+        layer_freq = [0 if (i in dense or (i + 1) % step) else 1 for i in range(num_layers)]
+    if 1 not in layer_freq:
+        return {}
+    topk = int(_require(hf_config, "num_experts_per_tok"))
+    args: dict[str, Any] = dict(
+        num_moe_experts=int(experts), moe_router_topk=topk,
         moe_ffn_hidden_size=int(_require(hf_config, "moe_intermediate_size")),
-        # Qwen3-MoE: softmax over all experts, top-k, renormalise only if norm_topk_prob
-        moe_router_pre_softmax=not bool(getattr(hf_config, "norm_topk_prob", False)),
         moe_router_load_balancing_type="aux_loss",
         moe_aux_loss_coeff=float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0),
         moe_token_dispatcher_type="alltoall",
         moe_layer_freq=layer_freq if 0 in layer_freq else 1,
     )
+    if family.name == "qwen3_moe":
+        # softmax over all experts, top-k, renormalise only if norm_topk_prob
+        args["moe_router_pre_softmax"] = not bool(getattr(hf_config, "norm_topk_prob", False))
+    elif family.name == "qwen3_5_moe":
+        # softmax, top-k, always renormalised (= softmax over the top-k logits); a sigmoid-gated shared expert
+        args.update(moe_router_pre_softmax=False,
+                    moe_shared_expert_intermediate_size=int(_require(hf_config, "shared_expert_intermediate_size")),
+                    moe_shared_expert_gate=True)
+    elif family.name == "deepseek_v3":
+        args.update(_deepseek_router(hf_config, topk))
+    return args
+
+
+def _deepseek_router(hf_config: Any, topk: int) -> dict[str, Any]:
+    """DeepSeek-V3 routing: sigmoid scores, a selection-only correction bias, group-limited top-k, renormalised
+    weights scaled by routed_scaling_factor; shared experts beside the routed ones. No auxiliary loss, and the
+    correction bias is a loaded constant as in transformers (megatron's bias update is switched off)."""
+    if topk > 1 and not getattr(hf_config, "norm_topk_prob", True):
+        raise MegatronConfigError("DeepSeek-V3 routing with norm_topk_prob=False cannot be expressed: megatron-core "
+                                  "renormalises sigmoid top-k weights. Use TransformersModel for this checkpoint.")
+    out: dict[str, Any] = dict(
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.0,
+        moe_router_topk_scaling_factor=float(getattr(hf_config, "routed_scaling_factor", 1.0) or 1.0),
+        moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
+    )
+    groups, group_topk = int(getattr(hf_config, "n_group", 1) or 1), int(getattr(hf_config, "topk_group", 1) or 1)
+    if groups > 1:
+        if topk % group_topk or topk // group_topk != 2:
+            raise MegatronConfigError(
+                f"DeepSeek-V3 group-limited routing scores a group by its top-2 experts; megatron-core scores it by "
+                f"its top num_experts_per_tok/topk_group = {topk}/{group_topk}, which differs. Use TransformersModel "
+                "for this checkpoint.")
+        out.update(moe_router_num_groups=groups, moe_router_group_topk=group_topk)
+    shared = int(getattr(hf_config, "n_shared_experts", 0) or 0)
+    if shared:
+        out["moe_shared_expert_intermediate_size"] = shared * int(_require(hf_config, "moe_intermediate_size"))
+    return out
+
+
+def _mla_args(hf_config: Any) -> dict[str, Any]:
+    """MLATransformerConfig fields of a DeepSeek-V3 config (multi-latent attention, rope or YaRN rope)."""
+    if getattr(hf_config, "rope_interleave", True) is False:
+        raise MegatronConfigError("DeepSeek-V3 with rope_interleave=False is not mapped: megatron-core's MLA always "
+                                  "reads the rotary part of q/k as interleaved pairs.")
+    params = {**(getattr(hf_config, "rope_scaling", None) or {}), **(getattr(hf_config, "rope_parameters", None) or {})}
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    out: dict[str, Any] = dict(
+        multi_latent_attention=True, q_lora_rank=getattr(hf_config, "q_lora_rank", None),
+        kv_lora_rank=int(_require(hf_config, "kv_lora_rank")), qk_head_dim=int(_require(hf_config, "qk_nope_head_dim")),
+        qk_pos_emb_head_dim=int(_require(hf_config, "qk_rope_head_dim")),
+        v_head_dim=int(_require(hf_config, "v_head_dim")),
+        rotary_base=float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))),
+    )
+    if rope_type == "default":
+        return {**out, "rope_type": "rope", "rotary_scaling_factor": 1.0, "mscale_all_dim": 0.0}
+    if rope_type == "yarn":
+        return {**out, "rope_type": "yarn", "rotary_scaling_factor": float(params["factor"]),
+                "original_max_position_embeddings": int(params.get("original_max_position_embeddings", 4096)),
+                "beta_fast": float(params.get("beta_fast", 32)), "beta_slow": float(params.get("beta_slow", 1)),
+                "mscale": float(params.get("mscale", 1.0) or 1.0),
+                "mscale_all_dim": float(params.get("mscale_all_dim", 0.0) or 0.0)}
+    raise MegatronConfigError(f"DeepSeek-V3 rope_type={rope_type!r} is not mapped (MLA takes 'default' or 'yarn').")
+
+
+def _check_attention_layers(hf_config: Any, family: Family) -> None:
+    """Qwen3.5 interleaves Gated DeltaNet (linear attention) layers with gated attention; only the latter map."""
+    kinds = list(getattr(hf_config, "layer_types", None) or [])
+    linear = [i for i, kind in enumerate(kinds) if kind != "full_attention"]
+    if linear:
+        raise MegatronConfigError(
+            f"{family.architecture}: layers {linear} are {kinds[linear[0]]!r} (Gated DeltaNet). megatron-core 0.16 "
+            "builds Gated DeltaNet only through its experimental Transformer Engine block spec with the FLA "
+            "(flash-linear-attention) Triton kernels, i.e. on a GPU, and this bridge has no mapping for those "
+            "layers' weights. MegatronModel takes Qwen3.5 configs whose layer_types are all 'full_attention'; train "
+            "hybrid Qwen3.5 checkpoints with TransformersModel."
+        )
 
 
 def _biases(hf_config: Any, family: Family) -> tuple[bool, bool]:
@@ -150,6 +247,8 @@ def _sliding_window(hf_config: Any, family: Family) -> int | None:
 def model_args(hf_config: Any) -> ModelArgs:
     """Map an HF config; raises MegatronConfigError for anything megatron-core would compute differently."""
     family = family_of(hf_config)
+    if family.gated_attention:
+        _check_attention_layers(hf_config, family)
     act = getattr(hf_config, "hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise MegatronConfigError(f"hidden_act={act!r} is not mapped (the bridge maps SwiGLU: 'silu').")
@@ -157,12 +256,21 @@ def model_args(hf_config: Any) -> ModelArgs:
     hidden = int(_require(hf_config, "hidden_size"))
     layers = int(_require(hf_config, "num_hidden_layers"))
     head_dim = getattr(hf_config, "head_dim", None) or hidden // heads
-    theta, scaling, factor, partial = _rope(hf_config)
+    mla = _mla_args(hf_config) if family.mla else {}
+    if mla:
+        head_dim = mla["v_head_dim"]
+        theta, scaling, factor, partial = mla["rotary_base"], False, 8.0, 1.0
+    else:
+        theta, scaling, factor, partial = _rope(hf_config)
     qkv_bias, linear_bias = _biases(hf_config, family)
+    moe = _moe_args(hf_config, layers, family) if family.moe else {}
+    ffn = getattr(hf_config, "intermediate_size", None)
+    if ffn is None:  # every layer has experts (Qwen3.5-MoE): the dense size is unused
+        ffn = int(moe.get("moe_ffn_hidden_size") or _require(hf_config, "intermediate_size"))
     return ModelArgs(
         family=family, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
         num_query_groups=int(getattr(hf_config, "num_key_value_heads", None) or heads), kv_channels=int(head_dim),
-        ffn_hidden_size=int(_require(hf_config, "intermediate_size")),
+        ffn_hidden_size=int(ffn),
         vocab_size=int(_require(hf_config, "vocab_size")),
         max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096) or 4096),
         layernorm_epsilon=float(getattr(hf_config, "rms_norm_eps", 1e-6)), add_qkv_bias=qkv_bias,
@@ -171,5 +279,5 @@ def model_args(hf_config: Any) -> ModelArgs:
         sliding_window=_sliding_window(hf_config, family),
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
         init_method_std=float(getattr(hf_config, "initializer_range", 0.02) or 0.02),
-        moe=_moe_args(hf_config, layers) if family.moe else {},
+        moe=moe, mla=mla,
     )

@@ -7,12 +7,18 @@ turns them into a rank's module names (local indices, Transformer Engine aliases
 Two fusions differ from HF:
 
 * ``linear_qkv``: rows grouped per key/value head: ``[q heads of group g, k_g, v_g]`` for each
-  group g, so a contiguous TP slice holds whole groups;
+  group g, so a contiguous TP slice holds whole groups. With an attention output gate (Qwen3.5,
+  whose ``q_proj`` yields ``[q_h; gate_h]`` per head) a group is ``[q heads, gate heads, k_g, v_g]``;
 * ``linear_fc1``: ``[gate; up]`` stacked (TP slices each half separately, see ``shard.py``).
+
+Family-specific names come first (:func:`rules`): DeepSeek's multi-latent attention
+(``linear_q_down_proj`` = ``q_a_proj``, ``q_layernorm`` = ``q_a_layernorm``, ...), the router's
+correction bias, and shared experts (``shared_expert`` in Qwen3.5-MoE with its sigmoid gate,
+``shared_experts`` in DeepSeek).
 
 LoRA tensors follow their layer: ``<module>.lora_A.weight`` / ``<module>.lora_B.weight``. A LoRA
 on the fused ``linear_qkv`` has one A shared by q, k and v (so the HF adapter repeats it) and a
-B whose rows split like the weight's.
+B whose rows split like the weight's; the output layer's B has the padded vocabulary's rows, like its weight.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ _HF_EXPERT = "model.layers.{layer}.mlp.experts.{expert}."
 RULES: tuple[Rule, ...] = (
     Rule(r"embedding\.word_embeddings\.weight", ("model.embed_tokens.weight",), "vocab"),
     Rule(r"output_layer\.weight", ("lm_head.weight",), "vocab"),
+    Rule(r"output_layer\.lora_A\.weight", ("lm_head.lora_A.weight",)),
+    Rule(r"output_layer\.lora_B\.weight", ("lm_head.lora_B.weight",), "vocab"),
     Rule(r"decoder\.final_layernorm\.weight", ("model.norm.weight",)),
     Rule(r"decoder\.layers\." + _L + r"\.input_layernorm\.weight", ("model.layers.{layer}.input_layernorm.weight",)),
     Rule(r"decoder\.layers\." + _L + r"\.pre_mlp_layernorm\.weight",
@@ -73,17 +81,49 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def rule_for(name: str) -> tuple[Rule, dict[str, str]]:
-    for rule in RULES:
+_MLA_RULES: tuple[Rule, ...] = (
+    Rule(_ATTN + r"linear_q_proj\.weight", (_HF_ATTN + "q_proj.weight",)),
+    Rule(_ATTN + r"linear_q_down_proj\.weight", (_HF_ATTN + "q_a_proj.weight",)),
+    Rule(_ATTN + r"q_layernorm\.weight", (_HF_ATTN + "q_a_layernorm.weight",)),
+    Rule(_ATTN + r"linear_q_up_proj\.weight", (_HF_ATTN + "q_b_proj.weight",)),
+    Rule(_ATTN + r"linear_kv_down_proj\.weight", (_HF_ATTN + "kv_a_proj_with_mqa.weight",)),
+    Rule(_ATTN + r"kv_layernorm\.weight", (_HF_ATTN + "kv_a_layernorm.weight",)),
+    Rule(_ATTN + r"linear_kv_up_proj\.weight", (_HF_ATTN + "kv_b_proj.weight",)),
+    Rule(_MLP + r"router\.expert_bias", (_HF_MLP + "gate.e_score_correction_bias",)),
+)
+
+
+def _shared_expert_rules(module: str) -> tuple[Rule, ...]:
+    hf = _HF_MLP + module + "."
+    return (
+        Rule(_MLP + r"shared_experts\.linear_fc1\.weight", (hf + "gate_proj.weight", hf + "up_proj.weight"), "gate_up"),
+        Rule(_MLP + r"shared_experts\.linear_fc2\.weight", (hf + "down_proj.weight",)),
+        Rule(_MLP + r"shared_experts\.gate_weight", (_HF_MLP + "shared_expert_gate.weight",)),
+    )
+
+
+def rules(args: ModelArgs | None = None) -> tuple[Rule, ...]:
+    """The rules of ``args``' family, its own names first."""
+    if args is None:
+        return RULES
+    family = args.family
+    extra = _MLA_RULES if family.mla else ()
+    if family.shared_expert:
+        extra += _shared_expert_rules(family.shared_expert)
+    return extra + RULES
+
+
+def rule_for(name: str, args: ModelArgs | None = None) -> tuple[Rule, dict[str, str]]:
+    for rule in rules(args):
         found = rule.match(name)
         if found:
             return rule, found.groupdict()
     raise KeyError(f"No HF mapping for megatron tensor {name!r}.")
 
 
-def hf_names(name: str) -> list[str]:
+def hf_names(name: str, args: ModelArgs | None = None) -> list[str]:
     """The HF tensor names that make up megatron tensor ``name``."""
-    rule, groups = rule_for(name)
+    rule, groups = rule_for(name, args)
     return [template.format(**groups) for template in rule.hf]
 
 
@@ -91,6 +131,9 @@ def hf_names(name: str) -> list[str]:
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: ModelArgs) -> torch.Tensor:
     groups = args.num_query_groups
     tail = q.shape[1:]
+    if args.attention_output_gate:  # HF q_proj rows: [q_h; gate_h] per head -> [q heads; gate heads] per group
+        halves = q.reshape(args.num_attention_heads, 2, args.kv_channels, *tail)
+        q = torch.cat([halves[:, 0].reshape(groups, -1, *tail), halves[:, 1].reshape(groups, -1, *tail)], dim=1)
     parts = [t.reshape(groups, -1, *tail) for t in (q, k, v)]
     return torch.cat(parts, dim=1).reshape(-1, *tail)
 
@@ -98,9 +141,13 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: ModelArgs)
 def split_qkv(fused: torch.Tensor, args: ModelArgs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     groups, dim = args.num_query_groups, args.kv_channels
     per_group = args.num_attention_heads // groups * dim
+    gate = per_group if args.attention_output_gate else 0
     tail = fused.shape[1:]
-    grouped = fused.reshape(groups, per_group + 2 * dim, *tail)
-    q, k, v = torch.split(grouped, [per_group, dim, dim], dim=1)
+    grouped = fused.reshape(groups, per_group + gate + 2 * dim, *tail)
+    q, g, k, v = torch.split(grouped, [per_group, gate, dim, dim], dim=1)
+    if gate:
+        heads = args.num_attention_heads
+        q = torch.stack([q.reshape(heads, dim, *tail), g.reshape(heads, dim, *tail)], dim=1)
     return tuple(t.reshape(-1, *tail).contiguous() for t in (q, k, v))  # type: ignore[return-value]
 
 
@@ -113,8 +160,8 @@ def _pad_vocab(tensor: torch.Tensor, padded: int) -> torch.Tensor:
 
 def to_mcore(name: str, hf: Mapping[str, torch.Tensor], args: ModelArgs, padded_vocab: int) -> torch.Tensor:
     """Build megatron tensor ``name`` from the HF tensors listed by :func:`hf_names` (looked up in ``hf``)."""
-    rule, _ = rule_for(name)
-    tensors = [hf[n] for n in hf_names(name)]
+    rule, _ = rule_for(name, args)
+    tensors = [hf[n] for n in hf_names(name, args)]
     if rule.kind == "qkv":
         return fuse_qkv(*tensors, args)
     if rule.kind == "gate_up":
@@ -123,8 +170,8 @@ def to_mcore(name: str, hf: Mapping[str, torch.Tensor], args: ModelArgs, padded_
         first = tensors[0]
         if any(not torch.equal(first, t) for t in tensors[1:]):
             raise MegatronConfigError(
-                f"{hf_names(name)} have different LoRA A matrices; megatron fuses these projections into one layer "
-                "with one A. Only adapters whose A is shared (as saved by MegatronModel) can be loaded."
+                f"{hf_names(name, args)} have different LoRA A matrices; megatron fuses these projections into one "
+                "layer with one A. Only adapters whose A is shared (as saved by MegatronModel) can be loaded."
             )
         return first
     if rule.kind == "vocab":
@@ -134,8 +181,8 @@ def to_mcore(name: str, hf: Mapping[str, torch.Tensor], args: ModelArgs, padded_
 
 def to_hf(name: str, tensor: torch.Tensor, args: ModelArgs) -> dict[str, torch.Tensor]:
     """Split megatron tensor ``name`` into its HF tensors (vocabulary padding removed)."""
-    rule, _ = rule_for(name)
-    names = hf_names(name)
+    rule, _ = rule_for(name, args)
+    names = hf_names(name, args)
     if rule.kind == "qkv":
         return dict(zip(names, split_qkv(tensor, args)))
     if rule.kind == "gate_up":
@@ -158,19 +205,34 @@ def is_moe_layer(args: ModelArgs, layer: int) -> bool:
 def layer_names(args: ModelArgs, layer: int, experts: range | None = None) -> list[str]:
     """Canonical megatron names of one decoder layer (``experts``: the expert ids this rank holds)."""
     p = f"decoder.layers.{layer}."
-    names = [p + "input_layernorm.weight", p + "self_attention.linear_qkv.weight",
-             p + "self_attention.linear_proj.weight", p + "pre_mlp_layernorm.weight"]
-    if args.add_qkv_bias:
-        names.append(p + "self_attention.linear_qkv.bias")
+    attn = p + "self_attention."
+    if args.mla:
+        names = [p + "input_layernorm.weight", attn + "linear_proj.weight", p + "pre_mlp_layernorm.weight"]
+        if args.mla.get("q_lora_rank"):
+            names += [attn + "linear_q_down_proj.weight", attn + "q_layernorm.weight", attn + "linear_q_up_proj.weight"]
+        else:
+            names.append(attn + "linear_q_proj.weight")
+        names += [attn + "linear_kv_down_proj.weight", attn + "kv_layernorm.weight", attn + "linear_kv_up_proj.weight"]
+    else:
+        names = [p + "input_layernorm.weight", attn + "linear_qkv.weight", attn + "linear_proj.weight",
+                 p + "pre_mlp_layernorm.weight"]
+        if args.add_qkv_bias:
+            names.append(attn + "linear_qkv.bias")
     if args.add_bias_linear:
-        names.append(p + "self_attention.linear_proj.bias")
-    if args.qk_layernorm:
-        names += [p + "self_attention.q_layernorm.weight", p + "self_attention.k_layernorm.weight"]
+        names.append(attn + "linear_proj.bias")
+    if args.qk_layernorm and not args.mla:
+        names += [attn + "q_layernorm.weight", attn + "k_layernorm.weight"]
     if is_moe_layer(args, layer):
         names.append(p + "mlp.router.weight")
+        if args.moe.get("moe_router_enable_expert_bias"):
+            names.append(p + "mlp.router.expert_bias")
         for expert in experts if experts is not None else range(args.num_experts or 0):
             names += [f"{p}mlp.experts.local_experts.{expert}.linear_fc1.weight",
                       f"{p}mlp.experts.local_experts.{expert}.linear_fc2.weight"]
+        if args.moe.get("moe_shared_expert_intermediate_size"):
+            names += [p + "mlp.shared_experts.linear_fc1.weight", p + "mlp.shared_experts.linear_fc2.weight"]
+            if args.moe.get("moe_shared_expert_gate"):
+                names.append(p + "mlp.shared_experts.gate_weight")
     else:
         names += [p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
         if args.add_bias_linear:

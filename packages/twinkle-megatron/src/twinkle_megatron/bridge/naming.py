@@ -3,7 +3,8 @@
 A rank's module differs from the canonical names in three ways: layer and expert indices are
 local to its pipeline stage / expert-parallel rank; the Transformer Engine spec fuses the norms
 into the following linear layer (``linear_qkv.layer_norm_weight``) and groups experts
-(``experts.linear_fc1.weight3``); and a LoRA-wrapped layer keeps its weight under ``base_layer``.
+(``experts.linear_fc1.weight3``), and MLA's q/kv norms into its up projections; and a LoRA-wrapped
+layer keeps its weight under ``base_layer``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def _candidates(local: str, adapter: str | None) -> list[str]:
         aliases.append(local.replace(".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight"))
     if local.endswith(".pre_mlp_layernorm.weight"):
         aliases.append(local.replace(".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"))
+    for norm, fused in ((".q_layernorm.weight", ".linear_q_up_proj.layer_norm_weight"),  # MLA under TE
+                        (".kv_layernorm.weight", ".linear_kv_up_proj.layer_norm_weight")):
+        if local.endswith(norm):
+            aliases.append(local[: -len(norm)] + fused)
     grouped = re.sub(r"\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$", r".mlp.experts.\2.weight\1",
                      local)
     if grouped != local:

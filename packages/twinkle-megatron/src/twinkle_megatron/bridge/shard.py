@@ -1,7 +1,9 @@
 """How each megatron tensor is split across tensor-parallel ranks, and put back together.
 
 * column-parallel (``dim0``): embeddings, output layer, ``linear_qkv`` (whole query groups per
-  rank, thanks to the grouped layout), LoRA B of column layers;
+  rank, thanks to the grouped layout), LoRA B of column layers (the output layer's: over the vocabulary),
+  MLA's projections (whole heads per rank for the up projections; the down projections' rows are
+  gathered again before use -- with Transformer Engine they are duplicated instead, see ``transfer.py``);
 * ``gated``: ``linear_fc1`` = ``[gate; up]``: each rank holds ``[gate_i; up_i]``;
 * row-parallel (``dim1``): ``linear_proj``, ``linear_fc2`` and their LoRA A;
 * everything else (norms, router, row-layer biases, LoRA A of column layers) is replicated.
@@ -19,7 +21,10 @@ import torch
 
 from twinkle_megatron.errors import MegatronConfigError
 
-_DIM0 = re.compile(r"(word_embeddings\.weight|output_layer\.weight|linear_qkv\.(weight|bias|lora_B\.weight))$")
+_DIM0 = re.compile(r"(word_embeddings\.weight|output_layer\.(weight|lora_B\.weight)|"
+                   r"linear_qkv\.(weight|bias|lora_B\.weight)|linear_(q|q_down|q_up|kv_down|kv_up)_proj\.weight)$")
+#: MLA down projections: column-parallel in megatron's local spec, duplicated TELinear in Transformer Engine's
+DOWN_PROJECTION = re.compile(r"linear_(q|kv)_down_proj\.weight$")
 _GATED = re.compile(r"linear_fc1\.(weight|bias|lora_B\.weight)$")
 _DIM1 = re.compile(r"(linear_proj|linear_fc2)\.(weight|lora_A\.weight)$")
 

@@ -18,7 +18,7 @@ from twinkle.checkpoint import CheckpointError
 from twinkle_megatron.bridge.config import ModelArgs
 from twinkle_megatron.bridge.layout import hf_names, model_names, to_hf, to_mcore
 from twinkle_megatron.bridge.naming import Placement, module_key
-from twinkle_megatron.bridge.shard import shard, split_kind, unshard
+from twinkle_megatron.bridge.shard import DOWN_PROJECTION, shard, split_kind, unshard
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class RankLayout:
     post_process: bool = True
     padded_vocab: int = 0
     tp_group: Any = None
+    te_spec: bool = False  # built with Transformer Engine's layer spec (MLA down projections duplicated)
 
     @property
     def placement(self) -> Placement:
@@ -49,7 +50,13 @@ class RankLayout:
 def _source_names(name: str, args: ModelArgs) -> list[str]:
     if name == "output_layer.weight" and args.tie_word_embeddings:
         return ["model.embed_tokens.weight"]
-    return hf_names(name)
+    return hf_names(name, args)
+
+
+def _kind(name: str, layout: RankLayout) -> str:
+    if layout.te_spec and DOWN_PROJECTION.search(name):
+        return "replicated"
+    return split_kind(name)
 
 
 def _build(name: str, hf: Mapping[str, torch.Tensor], args: ModelArgs, padded: int) -> torch.Tensor:
@@ -72,7 +79,8 @@ def load_into(module: torch.nn.Module, hf: Mapping[str, torch.Tensor], args: Mod
     planned: list[tuple[torch.Tensor, torch.Tensor]] = []
     for name in names:
         target = state[module_key(name, keys, layout.placement)]
-        piece = shard(name, _build(name, hf, args, layout.padded_vocab), layout.tp_rank, layout.tp_size)
+        full = _build(name, hf, args, layout.padded_vocab)
+        piece = full if _kind(name, layout) == "replicated" else shard(name, full, layout.tp_rank, layout.tp_size)
         if tuple(piece.shape) != tuple(target.shape):
             raise CheckpointError(f"{name}: the checkpoint gives shape {tuple(piece.shape)} on TP rank "
                                   f"{layout.tp_rank}, the model has {tuple(target.shape)}. Does the config match "
@@ -86,7 +94,7 @@ def load_into(module: torch.nn.Module, hf: Mapping[str, torch.Tensor], args: Mod
 
 def gather_tp(name: str, local: torch.Tensor, layout: RankLayout) -> torch.Tensor:
     """The full tensor from every TP rank's piece (a no-op at TP=1 or for replicated tensors)."""
-    if layout.tp_size == 1 or split_kind(name) == "replicated":
+    if layout.tp_size == 1 or _kind(name, layout) == "replicated":
         return local
     return unshard(name, collective.all_gather(local, group=layout.tp_group))
 

@@ -2,7 +2,9 @@
 
 Users write HF module names (the adapter must load on the HF model). megatron fuses q/k/v into
 ``linear_qkv`` and gate/up into ``linear_fc1``, so those come in complete sets: a LoRA on
-``q_proj`` alone cannot be expressed without also adapting k and v.
+``q_proj`` alone cannot be expressed without also adapting k and v. ``lm_head`` is GPTModel's
+``output_layer`` (:class:`~twinkle_megatron.lora.layer.LoraOutputLayer`); as in peft, ``'all-linear'``
+leaves it out.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 from torch import nn
 
 from twinkle_megatron.errors import MegatronConfigError
-from twinkle_megatron.lora.layer import LoraParallelLinear
+from twinkle_megatron.lora.layer import LoraOutputLayer, LoraParallelLinear
 
 #: megatron module suffix -> the HF projections it fuses (in HF module names).
 FUSED: dict[str, tuple[str, ...]] = {
@@ -22,7 +24,11 @@ FUSED: dict[str, tuple[str, ...]] = {
     "mlp.linear_fc1": ("gate_proj", "up_proj"),
     "mlp.linear_fc2": ("down_proj",),
 }
-_MEGATRON_NAMES = {suffix.rsplit(".", 1)[1]: suffix for suffix in FUSED}
+#: GPTModel's output layer (top level, not in a decoder layer) -> HF's name for it.
+OUTPUT = "output_layer"
+#: every megatron layer LoRA can adapt -> its HF names ('all-linear' is FUSED: peft leaves the output layer out).
+LAYERS: dict[str, tuple[str, ...]] = {**FUSED, OUTPUT: ("lm_head",)}
+_MEGATRON_NAMES = {suffix.rsplit(".", 1)[-1]: suffix for suffix in LAYERS}
 _SUPPORTED_FIELDS = {"bias": "none", "use_dora": False, "modules_to_save": None, "layers_to_transform": None}
 
 
@@ -39,8 +45,8 @@ def target_suffixes(config: Any) -> list[str]:
         return list(FUSED)
     wanted = {t.rsplit(".", 1)[-1] for t in targets}  # peft writes full paths for 'all-linear' adapters
     chosen = []
-    for suffix, hf in FUSED.items():
-        short = suffix.rsplit(".", 1)[1]
+    for suffix, hf in LAYERS.items():
+        short = suffix.rsplit(".", 1)[-1]
         present = wanted & set(hf)
         if short in wanted or present == set(hf):
             chosen.append(suffix)
@@ -50,11 +56,11 @@ def target_suffixes(config: Any) -> list[str]:
                 f"{', '.join(hf)} into one layer ({short}), so LoRA adapts all of them or none. "
                 f"Add {sorted(set(hf) - present)} or drop {sorted(present)}."
             )
-    known = {n for hf in FUSED.values() for n in hf} | set(_MEGATRON_NAMES)
+    known = {n for hf in LAYERS.values() for n in hf} | set(_MEGATRON_NAMES)
     unknown = sorted(wanted - known)
     if unknown:
         raise MegatronConfigError(f"target_modules {unknown} have no megatron layer; MegatronModel can adapt "
-                                  f"{sorted(n for hf in FUSED.values() for n in hf)} (or 'all-linear').")
+                                  f"{sorted(n for hf in LAYERS.values() for n in hf)} (or 'all-linear').")
     return chosen
 
 
@@ -76,7 +82,7 @@ def with_default_targets(config: Any, model_type: str) -> Any:
 
 
 def hf_target_modules(suffixes: list[str]) -> list[str]:
-    return sorted(n for suffix in suffixes for n in FUSED[suffix])
+    return sorted(n for suffix in suffixes for n in LAYERS[suffix])
 
 
 def check_lora_config(config: Any) -> None:
@@ -105,7 +111,7 @@ def lora_modules(model: nn.Module) -> dict[str, LoraParallelLinear]:
 def _targets(model: nn.Module, suffixes: list[str]) -> dict[str, nn.Module]:
     found = {}
     for name, module in model.named_modules():
-        if ".experts." in name or not any(name.endswith(s) for s in suffixes):
+        if ".experts." in name or not any(name == s or name.endswith("." + s) for s in suffixes):
             continue
         found[name] = module
     if not found:
@@ -113,8 +119,11 @@ def _targets(model: nn.Module, suffixes: list[str]) -> dict[str, nn.Module]:
     return found
 
 
-def add_lora(model: nn.Module, adapter: str, config: Any, seed: int = 0) -> list[str]:
-    """Wrap the targeted layers (once) and add adapter ``adapter`` to each; returns the module names."""
+def add_lora(model: nn.Module, adapter: str, config: Any, seed: int = 0, vocab_size: int | None = None) -> list[str]:
+    """Wrap the targeted layers (once) and add adapter ``adapter`` to each; returns the module names.
+
+    ``vocab_size``: the real vocabulary (the output layer's rows beyond it are megatron's padding).
+    """
     check_lora_config(config)
     suffixes = target_suffixes(config)
     targets = _targets(model, suffixes)
@@ -123,7 +132,8 @@ def add_lora(model: nn.Module, adapter: str, config: Any, seed: int = 0) -> list
         if isinstance(module, LoraParallelLinear):
             layer = module
         else:
-            layer = LoraParallelLinear(module)
+            layer = (LoraOutputLayer(module, vocab_size, device=next(model.parameters()).device) if name == OUTPUT
+                     else LoraParallelLinear(module))
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
         layer.add_adapter(adapter, r=int(config.r), alpha=float(config.lora_alpha),
@@ -132,12 +142,6 @@ def add_lora(model: nn.Module, adapter: str, config: Any, seed: int = 0) -> list
     for module in lora_modules(model).values():
         module.set_adapter(adapter if adapter in module.lora_A else None)
     return sorted(targets)
-
-
-def set_active(model: nn.Module, adapter: str | None) -> None:
-    """Run ``adapter`` in every LoRA layer (None: the base model only)."""
-    for module in lora_modules(model).values():
-        module.set_adapter(adapter if adapter is not None and adapter in module.lora_A else None)
 
 
 def adapter_parameters(model: nn.Module, adapter: str) -> list[tuple[str, torch.nn.Parameter]]:

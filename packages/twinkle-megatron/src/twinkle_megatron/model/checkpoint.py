@@ -1,10 +1,11 @@
-"""How MegatronModel writes and reads checkpoints, in TransformersModel's layout (the public methods are core's).
+"""A MegatronModel's model and optimizer state in a checkpoint (``twinkle.checkpoint.manager.CheckpointState``).
 
-A checkpoint directory holds HF-loadable weights (``save_pretrained`` layout, or a flat PEFT adapter
-directory), the tokenizer when a template has one, ``trainer_state.json`` always and, with
-``save_optimizer=True``: ``scheduler.pt``, the RNG state, and the optimizer -- ``optimizer.pt`` for
-the CPU stand-in, the dist-checkpoint directory ``optimizer_dist/`` for megatron's distributed
-optimizer. Every rank takes part (TP gathers, sharded optimizer); one rank renames the directory.
+Weights are HF-loadable (``save_pretrained`` layout, or a flat PEFT adapter directory), gathered over TP
+(``hf_export.py``). The optimizer is ``optimizer.pt`` for the CPU stand-in (``optimizer_<rank>.pt`` per
+rank under TP: each holds its shards), or the dist-checkpoint directory ``optimizer_dist/`` that every
+rank writes for megatron's distributed optimizer (``dist_ckpt.py``). Each rank's RNG file is
+``rng_state_<rank>.pt`` (``rng_state.pt`` on one process). Everything else -- the directory, the side
+files, the manifest, the ranks' agreement -- is the checkpoint manager's.
 """
 
 from __future__ import annotations
@@ -16,30 +17,18 @@ from twinkle import collective
 from twinkle.checkpoint import (
     OPTIMIZER_FILE,
     RNG_FILE,
-    SCHEDULER_FILE,
     CheckpointError,
-    apply_side_states,
-    capture_rng_state,
     check_optimizer_state,
-    read_side_states,
     require_files,
     safe_torch_load,
-    shared_atomic_directory,
     torch_save,
-    write_trainer_state,
 )
-from twinkle.model.checkpointing import CheckpointMixin as CoreCheckpointMixin
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_megatron.bridge.transfer import export_from
-from twinkle_megatron.lora.peft_io import export_adapter, import_adapter, read_adapter
 from twinkle_megatron.model import dist_ckpt
 from twinkle_megatron.model.drivers import MegatronDriver, TorchDriver
 from twinkle_megatron.model.hf_export import write_adapter_dir, write_full
 from twinkle_megatron.model.loading import load_weights
-
-
-def _rng_file() -> str:
-    return RNG_FILE if collective.world_size() == 1 else f"rng_state_{collective.rank()}.pt"
 
 
 def _optimizer_file() -> str:
@@ -47,102 +36,80 @@ def _optimizer_file() -> str:
     return OPTIMIZER_FILE if collective.world_size() == 1 else f"optimizer_{collective.rank()}.pt"
 
 
-class CheckpointMixin(CoreCheckpointMixin):
-    """How MegatronModel writes and reads its checkpoint files; the public methods are core's."""
+class MegatronCheckpointState:
+    """The files of a :class:`~twinkle_megatron.model.backend.MegatronBackend`'s checkpoints (every rank writes)."""
 
-    def _write_checkpoint(self, group: OptimizerGroup, final: Path, save_optimizer: bool,
-                          consumed_train_samples: int) -> None:
-        """Every rank writes into one shared temporary directory (TP gathers, sharded optimizer)."""
-        with shared_atomic_directory(final) as tmp:
-            if group.is_adapter:
-                write_adapter_dir(self, group.name, tmp)
-            else:
-                write_full(self, tmp)
-            if save_optimizer:
-                self._save_training_state(group, tmp)
-            if collective.rank() == 0:
-                self._save_preprocessing(group, tmp)
-                write_trainer_state(tmp, group.trainer_state(
-                    consumed_train_samples, mixed_precision=self.mixed_precision,
-                    has_optimizer_state=bool(save_optimizer), backend="megatron"))
+    supports_async = False
 
-    def _resume_weights(self, group: OptimizerGroup, directory: Path, resume_only_model: bool) -> None:
-        restore = None if resume_only_model else self._read_training_state(group, directory)
-        self._load_weights(group, directory)
-        if restore is not None:
-            self._apply_training_state(group, directory, restore)
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.model_path: str | None = backend.model_path
 
-    def _trainable_tensors(self, group: OptimizerGroup) -> Any:
-        return self._group_named_parameters(group)
+    def rng_file(self, rank: int, world_size: int) -> str:
+        return RNG_FILE if world_size == 1 else f"rng_state_{rank}.pt"
 
-    def _state_dict(self, group: OptimizerGroup) -> dict[str, Any]:
-        """HF-named weights of this pipeline stage (full across TP): the adapter's (PEFT keys) or the model's."""
+    def trainer_fields(self, async_save: bool) -> dict[str, Any]:
+        return {"mixed_precision": self.backend.mixed_precision, "backend": "megatron"}
+
+    def write(self, group: OptimizerGroup, directory: Path, save_optimizer: bool, async_save: bool) -> list:
+        backend = self.backend
         if group.is_adapter:
-            return self._adapter_tensors(group.name)
-        return export_from(self.gpt, self.args, self.layout)
-
-    # -------------------------------------------------------------- internals
-    def _adapter_tensors(self, adapter: str) -> dict[str, Any]:
-        """The adapter's tensors under PEFT file keys (full across TP); MultiLoraMegatronModel slices a tenant's."""
-        return export_adapter(self.gpt, adapter, self.args, self.layout)
-
-    def _load_weights(self, group: OptimizerGroup, directory: Path) -> None:
-        if group.is_adapter:
-            tensors, _ = read_adapter(directory)
-            import_adapter(self.gpt, group.name, tensors, self.args, self.layout, str(directory))
+            config, suffixes = backend.adapters.peft_config(group)
+            write_adapter_dir(backend, backend.adapters.state_dict(group), config, suffixes, directory)
         else:
-            if (directory / "adapter_model.safetensors").is_file() and not (directory / "config.json").is_file():
-                raise CheckpointError(f"{str(directory)!r} holds LoRA adapter weights but this group trains the "
-                                      "full model; add_adapter_to_model(name, LoraConfig(...)) first and pass "
-                                      "adapter_name=.")
-            load_weights(self.gpt, str(directory), self.args, self.layout)
-        if isinstance(group.optimizer, MegatronDriver):
-            group.optimizer.optimizer.reload_model_params()  # fp32 main copies follow the new weights
+            write_full(backend, directory)
+        if save_optimizer and isinstance(group.optimizer, MegatronDriver):
+            dist_ckpt.save_optimizer(group.optimizer, directory)
+        elif save_optimizer and isinstance(group.optimizer, TorchDriver):
+            torch_save(group.optimizer.state_dict(), directory / _optimizer_file())
+        return []
 
-    def _save_training_state(self, group: OptimizerGroup, directory: Path) -> None:
-        driver = group.optimizer
-        if isinstance(driver, MegatronDriver):
-            dist_ckpt.save_optimizer(self, driver, directory)
-        elif isinstance(driver, TorchDriver):
-            torch_save(driver.state_dict(), directory / _optimizer_file())
-        if group.lr_scheduler is not None and collective.rank() == 0:
-            torch_save(group.lr_scheduler.state_dict(), directory / SCHEDULER_FILE)
-        torch_save(capture_rng_state(), directory / _rng_file())
-
-    def _read_training_state(self, group: OptimizerGroup, directory: Path) -> dict[str, Any]:
-        """Read and check every side file before anything is changed."""
-        if group.optimizer is None:
-            raise RuntimeError(f"resume_from_checkpoint restores the optimizer of group {group.name!r}, which has "
-                               "none: call set_optimizer('default', ...) (and set_lr_scheduler) first, or pass "
-                               "resume_only_model=True.")
-        restore: dict[str, Any] = {}
-        require_files(directory, [_rng_file()], "RNG state for an exact resume")
+    def read(self, group: OptimizerGroup, directory: Path, with_optimizer: bool) -> dict[str, Any]:
+        """The weights are checked as they load; the optimizer state here (``None``: megatron's, in apply)."""
+        if not with_optimizer:
+            return {}
         if isinstance(group.optimizer, MegatronDriver):
             if not dist_ckpt.has_optimizer(directory):
                 raise CheckpointError(f"{str(directory)!r} has no {dist_ckpt.OPTIMIZER_DIR}/ (megatron optimizer "
                                       "state); it was saved without save_optimizer=True or by the CPU stand-in.")
             dist_ckpt.check_optimizer(directory)
-        else:
-            require_files(directory, [_optimizer_file()], "optimizer state")
-            restore["optimizer"] = safe_torch_load(directory / _optimizer_file())
-            _check_torch_state(group.optimizer, restore["optimizer"], directory / _optimizer_file())
-        has_scheduler = (directory / SCHEDULER_FILE).is_file()
-        if has_scheduler != (group.lr_scheduler is not None):
-            raise RuntimeError(f"{str(directory)!r} {'has' if has_scheduler else 'has no'} lr scheduler state but "
-                               f"group {group.name!r} {'has none' if has_scheduler else 'has one'}: make "
-                               "set_lr_scheduler(...) match the saved run before resume_from_checkpoint.")
-        return {**restore, **read_side_states(directory, group, directory / _rng_file())}
+            return {"optimizer": None}
+        path = require_files(directory, [_optimizer_file()], "optimizer state") / _optimizer_file()
+        state = safe_torch_load(path)
+        try:
+            check_optimizer_state(group.optimizer.optimizer, state)
+        except ValueError as exc:
+            raise CheckpointError(f"{str(path)!r} does not fit this optimizer: {exc}.") from exc
+        return {"optimizer": state}
 
-    def _apply_training_state(self, group: OptimizerGroup, directory: Path, restore: dict[str, Any]) -> None:
+    def apply(self, group: OptimizerGroup, directory: Path, staged: dict[str, Any]) -> None:
+        self.load(group, directory)
+        if "optimizer" not in staged:
+            return
         if isinstance(group.optimizer, MegatronDriver):
-            dist_ckpt.load_optimizer(self, group.optimizer, directory)
+            dist_ckpt.load_optimizer(group.optimizer, directory)
         else:
-            group.optimizer.load_state_dict(restore["optimizer"])
-        apply_side_states(group, restore)
+            group.optimizer.load_state_dict(staged["optimizer"])
 
+    def load(self, group: OptimizerGroup, directory: Path) -> None:
+        backend = self.backend
+        if group.is_adapter:
+            backend.adapters.load(group, directory)
+        else:
+            if (directory / "adapter_model.safetensors").is_file() and not (directory / "config.json").is_file():
+                raise CheckpointError(f"{str(directory)!r} holds LoRA adapter weights but this group trains the "
+                                      "full model; add_adapter_to_model(name, LoraConfig(...)) first and pass "
+                                      "adapter_name=.")
+            load_weights(backend.gpt, str(directory), backend.args, backend.layout)
+        if isinstance(group.optimizer, MegatronDriver):
+            group.optimizer.optimizer.reload_model_params()  # fp32 main copies follow the new weights
 
-def _check_torch_state(driver: Any, state: Any, path: Path) -> None:
-    try:
-        check_optimizer_state(driver.optimizer, state)
-    except ValueError as exc:
-        raise CheckpointError(f"{str(path)!r} does not fit this optimizer: {exc}.") from exc
+    def trainable_tensors(self, group: OptimizerGroup) -> Any:
+        return self.backend.adapters.named_parameters(group)
+
+    def state_dict(self, group: OptimizerGroup) -> dict[str, Any]:
+        """HF-named weights of this pipeline stage (full across TP): the adapter's (PEFT keys) or the model's."""
+        backend = self.backend
+        if group.is_adapter:
+            return backend.adapters.state_dict(group)
+        return export_from(backend.gpt, backend.args, backend.layout)

@@ -17,17 +17,18 @@ OPTIMIZER_DIR = "optimizer_dist"
 _METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
-def _model_sharded(model: Any) -> dict[str, Any]:
-    return model.chunks[0].module.sharded_state_dict()
+def _model_sharded(driver: Any) -> dict[str, Any]:
+    """The sharded state dict of the module the driver's Megatron-DDP chunk wraps."""
+    return driver.chunks[0].module.sharded_state_dict()
 
 
-def save_optimizer(model: Any, driver: Any, directory: Path) -> None:
+def save_optimizer(driver: Any, directory: Path) -> None:
     """Collective: every rank calls it with the same ``directory``."""
     from megatron.core import dist_checkpointing
 
     target = directory / OPTIMIZER_DIR
     target.mkdir(exist_ok=True)
-    sharded = {"optimizer": driver.optimizer.sharded_state_dict(_model_sharded(model), is_loading=False,
+    sharded = {"optimizer": driver.optimizer.sharded_state_dict(_model_sharded(driver), is_loading=False,
                                                                     metadata=_METADATA)}
     dist_checkpointing.save(sharded, str(target))
 
@@ -61,14 +62,14 @@ def check_optimizer(directory: Path) -> None:
     verify_dcp_directory(directory / OPTIMIZER_DIR)
 
 
-def load_optimizer(model: Any, driver: Any, directory: Path) -> None:
+def load_optimizer(driver: Any, directory: Path) -> None:
     """Collective: restore the optimizer (fp32 main parameters and moments) saved by :func:`save_optimizer`."""
     from megatron.core import dist_checkpointing
 
     check_optimizer(directory)
     _materialise_adam_state(driver.optimizer)
 
-    sharded = {"optimizer": driver.optimizer.sharded_state_dict(_model_sharded(model), is_loading=True,
+    sharded = {"optimizer": driver.optimizer.sharded_state_dict(_model_sharded(driver), is_loading=True,
                                                                     metadata=_METADATA)}
     state = dist_checkpointing.load(sharded, str(directory / OPTIMIZER_DIR))
     with torch.no_grad():  # fp32 runs: the main parameters are views of the (grad-requiring) model weights

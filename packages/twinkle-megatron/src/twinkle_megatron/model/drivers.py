@@ -8,7 +8,9 @@ DESIGN.md asks for. On GPU a step prepares the gradients exactly once (megatron'
 copy to the main grads, unscale, check for inf/NaN, update the fp16 loss scale); ``clip`` computes the
 norm once and clips, and ``step`` runs ``step_with_ready_grads`` (megatron's ``step()`` would prepare
 again). Every group has its own driver, so several adapters (multi-LoRA tenants) train interleaved
-with their own optimizer state.
+with their own optimizer state. A driver is the group's ``optimizer`` as the core engine sees it:
+``param_groups`` (lr and the other hyper-parameters) and ``zero_grad(set_to_none=True)``; the backend
+calls the rest.
 """
 
 from __future__ import annotations
@@ -26,7 +28,21 @@ from twinkle_megatron.errors import MegatronConfigError
 from twinkle_megatron.optim import MegatronDistributedOptimizer
 
 
-class TorchDriver:
+class Driver:
+    """What every driver shows of its optimizer: the hyper-parameters (``param_groups``) and the current lr."""
+
+    optimizer: Any
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+
+class TorchDriver(Driver):
     """CPU stand-in: torch AdamW over this rank's shards, with megatron's parameter groups and gradient rules.
 
     What megatron's DDP, ``finalize_model_grads`` and ``clip_grads`` do on GPU, done with
@@ -51,16 +67,16 @@ class TorchDriver:
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.data_group = ps.get_data_parallel_group(with_context_parallel=True)
         self.model_group = ps.get_model_parallel_group()
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
+        # whether each group spans several processes (asked once, not per step)
+        self.tp_parallel = collective.active(self.tp_group)
+        self.data_parallel = collective.active(self.data_group)
+        self.model_parallel = collective.active(self.model_group)
 
     def finalize(self, num_tokens: Any) -> None:
-        if collective.active(self.tp_group):
+        if self.tp_parallel:
             _all_reduce_grads(self.tp_summed, self.tp_group)
         tokens = num_tokens
-        if collective.active(self.data_group):
+        if self.data_parallel:
             _all_reduce_grads(self.params, self.data_group)
             tokens = collective.sum_values([num_tokens], group=self.data_group)[0]
         tokens = float(tokens)
@@ -72,7 +88,7 @@ class TorchDriver:
         norm_type = float(norm_type)
         grads = [p.grad for p in self.norm_params if p.grad is not None]
         local = torch.nn.utils.get_total_norm(grads, norm_type) if grads else torch.zeros(())
-        if collective.active(self.model_group):
+        if self.model_parallel:
             if norm_type == math.inf:
                 local = collective.all_reduce(local, op="max", group=self.model_group)
             else:
@@ -85,8 +101,8 @@ class TorchDriver:
         self.optimizer.step()
         return True
 
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
@@ -116,7 +132,7 @@ def _all_reduce_grads(params: list[torch.nn.Parameter], group: Any) -> None:
         grad.copy_(value)
 
 
-class MegatronDriver:
+class MegatronDriver(Driver):
     """megatron-core's DistributedOptimizer over the group's own Megatron-DDP chunk (GPU).
 
     ``params`` are the parameters of that chunk: while megatron collects "the trainable
@@ -133,9 +149,6 @@ class MegatronDriver:
         self.scale_loss = optimizer.scale_loss  # the schedule scales this group's loss with it (fp16)
         self._found_inf: bool | None = None  # prepare_grads' answer for the step under way (None: not prepared)
 
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
 
     def finalize(self, num_tokens: Any) -> None:
         from megatron.core.distributed import finalize_model_grads
@@ -176,20 +189,20 @@ class MegatronDriver:
         finally:
             self._found_inf = None
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         self._found_inf = None  # a skipped step (inf/NaN loss) prepared but never stepped
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
-        self.optimizer.zero_grad()
+        self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def loss_scale(self) -> Any:
         return self.optimizer.get_loss_scale()
 
 
-def ddp_settings(model: Any) -> dict[str, Any]:
+def ddp_settings(backend: Any) -> dict[str, Any]:
     """Megatron DDP's settings: twinkle's defaults under the DistributedDataParallelConfig kwargs of the model."""
     return {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False, "use_distributed_optimizer": True,
-            **model.megatron_kwargs.ddp}
+            **backend.megatron_kwargs.ddp}
 
 
 @contextmanager
@@ -206,18 +219,18 @@ def only_trainable(module: torch.nn.Module, params: list[torch.nn.Parameter]) ->
             p.requires_grad_(True)
 
 
-def training_module(model: Any) -> torch.nn.Module:
+def training_module(backend: Any) -> torch.nn.Module:
     """What every group's forward runs through once training starts: Float16Module for bf16/fp16 (made once)."""
     from megatron.core.transformer.module import Float16Module
 
-    if model.chunks is None:
-        config = model.transformer_config
-        model.model = Float16Module(config, model.gpt) if (config.bf16 or config.fp16) else model.gpt
-        model.chunks, model.group_chunks = [], {}
-    return model.model
+    if backend.chunks is None:
+        config = backend.transformer_config
+        backend.module = Float16Module(config, backend.gpt) if (config.bf16 or config.fp16) else backend.gpt
+        backend.chunks, backend.group_chunks = [], {}
+    return backend.module
 
 
-def group_chunk(model: Any, group: OptimizerGroup, params: list[torch.nn.Parameter]) -> Any:
+def group_chunk(backend: Any, group: OptimizerGroup, params: list[torch.nn.Parameter]) -> Any:
     """The group's Megatron DDP around the shared module, with buffers for ``params`` only (kept per group name).
 
     Several groups (adapters, multi-LoRA slots) each get their own gradient buffers and so their own
@@ -225,29 +238,29 @@ def group_chunk(model: Any, group: OptimizerGroup, params: list[torch.nn.Paramet
     """
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    module = training_module(model)
-    chunk = model.group_chunks.get(group.name)
+    module = training_module(backend)
+    chunk = backend.group_chunks.get(group.name)
     if chunk is None:
-        ddp_config = DistributedDataParallelConfig(**ddp_settings(model))
+        ddp_config = DistributedDataParallelConfig(**ddp_settings(backend))
         with only_trainable(module, params):
-            chunk = DistributedDataParallel(model.transformer_config, ddp_config, module)
-        model.group_chunks[group.name] = chunk
-        model.chunks.append(chunk)
+            chunk = DistributedDataParallel(backend.transformer_config, ddp_config, module)
+        backend.group_chunks[group.name] = chunk
+        backend.chunks.append(chunk)
     chunk.zero_grad_buffer()  # nothing left over from an earlier tenant of this slot
     return chunk
 
 
-def make_driver(model: Any, group: OptimizerGroup, settings: MegatronDistributedOptimizer) -> Any:
+def make_driver(backend: Any, group: OptimizerGroup, settings: MegatronDistributedOptimizer) -> Any:
     """Build the group's optimizer; on GPU the group gets its Megatron-DDP chunk the first time."""
-    named = model._group_named_parameters(group)
+    named = backend.adapters.named_parameters(group)
     if not named:
         raise MegatronConfigError(f"Group {group.name!r} has no trainable parameters; nothing to optimize.")
-    if model.device_type != "cuda":
-        return TorchDriver(settings.cpu_standin(named), named, model.transformer_config)
+    if backend.device_type != "cuda":
+        return TorchDriver(settings.cpu_standin(named), named, backend.transformer_config)
     from megatron.core.optimizer import get_megatron_optimizer
 
-    params = model._ddp_parameters(group)
-    chunk = group_chunk(model, group, params)
+    params = backend.adapters.ddp_parameters(group)
+    chunk = group_chunk(backend, group, params)
     with only_trainable(chunk.module, params):
-        optimizer = get_megatron_optimizer(settings.config(model.mixed_precision), [chunk])
+        optimizer = get_megatron_optimizer(settings.config(backend.mixed_precision), [chunk])
     return MegatronDriver(optimizer, [chunk], params)

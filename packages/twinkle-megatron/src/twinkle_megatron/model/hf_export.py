@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from twinkle import collective
+from twinkle.hub import portable_id
 from twinkle_megatron.bridge.hf_io import tensor_bytes, write_index, write_part
 from twinkle_megatron.bridge.transfer import export_from
 from twinkle_megatron.lora.peft_io import adapter_config, write_adapter
@@ -25,27 +26,27 @@ def _is_expert(name: str) -> bool:
     return ".mlp.experts." in name
 
 
-def _writer(model: Any) -> tuple[bool, bool]:
+def _writer(backend: Any) -> tuple[bool, bool]:
     """(writes expert tensors, writes dense tensors) for this rank."""
-    r = model.ranks
+    r = backend.ranks
     base = r.tp == 0 and r.cp == 0
-    return base and r.dp < model.sizes.ep, base and r.dp == 0
+    return base and r.dp < backend.sizes.ep, base and r.dp == 0
 
 
-def hf_config_for_save(model: Any, dtype: torch.dtype) -> Any:
-    config = copy.deepcopy(model.hf_config)
-    config.architectures = [model.args.family.architecture]
+def hf_config_for_save(backend: Any, dtype: torch.dtype) -> Any:
+    config = copy.deepcopy(backend.hf_config)
+    config.architectures = [backend.args.family.architecture]
     config.dtype = dtype
     return config
 
 
-def write_full(model: Any, directory: Path) -> None:
+def write_full(backend: Any, directory: Path) -> None:
     """Every rank calls this (TP gathers are collective); writers write, rank 0 adds config and index."""
-    tensors = export_from(model.gpt, model.args, model.layout)
-    experts, dense = _writer(model)
+    tensors = export_from(backend.gpt, backend.args, backend.layout)
+    experts, dense = _writer(backend)
     mine = {k: v for k, v in tensors.items() if (experts and _is_expert(k)) or (dense and not _is_expert(k))}
-    single = model.sizes.pp == 1 and model.sizes.ep == 1
-    part = None if single else f"pp{model.ranks.pp:03d}-ep{model.ranks.ep:03d}"
+    single = backend.sizes.pp == 1 and backend.sizes.ep == 1
+    part = None if single else f"pp{backend.ranks.pp:03d}-ep{backend.ranks.ep:03d}"
     record = None
     if mine:
         file = write_part(directory, mine, part)
@@ -54,23 +55,21 @@ def write_full(model: Any, directory: Path) -> None:
     if collective.rank() != 0:
         return
     dtype = next(iter(tensors.values())).dtype if tensors else torch.float32
-    hf_config_for_save(model, dtype).save_pretrained(str(directory))
+    hf_config_for_save(backend, dtype).save_pretrained(str(directory))
     if not single:
         written = [r for r in records if r is not None]
         weight_map = {key: file for file, keys, _ in written for key in keys}
         write_index(directory, weight_map, sum(size for _, _, size in written))
 
 
-def write_adapter_dir(model: Any, adapter: str, directory: Path) -> None:
-    """PEFT ``adapter_model.safetensors`` + ``adapter_config.json`` (rank 0 writes)."""
-    tensors = model._adapter_tensors(adapter)
-    _, dense = _writer(model)
+def write_adapter_dir(backend: Any, tensors: dict[str, torch.Tensor], config: Any, suffixes: list[str],
+                      directory: Path) -> None:
+    """PEFT ``adapter_model.safetensors`` + ``adapter_config.json`` of an adapter's ``tensors`` (rank 0 writes)."""
+    _, dense = _writer(backend)
     pieces = collective.gather_object({k: v.cpu() for k, v in tensors.items()} if dense else {})
     if collective.rank() != 0:
         return
     merged: dict[str, torch.Tensor] = {}
     for piece in pieces:
         merged.update(piece)
-    info = model.adapters[adapter]
-    base = model.model_id if isinstance(model.model_id, str) else None
-    write_adapter(directory, merged, adapter_config(info["config"], info["suffixes"], base))
+    write_adapter(directory, merged, adapter_config(config, suffixes, portable_id(backend.model_id)))

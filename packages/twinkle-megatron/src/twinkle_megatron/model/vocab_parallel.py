@@ -12,7 +12,9 @@ context-parallel split, so a token whose successor lives on another CP rank keep
 
 Full logits are assembled only when someone asks: ``outputs['logits']`` of ``forward`` /
 ``forward_only`` gathers the shards over TP (megatron's differentiable gather) on first access.
-A custom loss reads them that way; the default cross-entropy never does.
+A custom loss reads them that way; the default cross-entropy (:class:`VocabParallelCrossEntropy`,
+what the backend applies for a group whose loss is twinkle's ``CrossEntropyLoss``) and the token
+accuracy (``LogitsOutputs.token_matches``) never do.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 
 from twinkle import collective
 from twinkle.constants import IGNORE_INDEX
-from twinkle.loss import CrossEntropyLoss
+from twinkle.loss import CrossEntropyLoss, Loss
 from twinkle_megatron.errors import MegatronConfigError
 
 #: Batch key of the labels shifted by one token on the full row (see :func:`next_token_labels`).
@@ -112,13 +114,24 @@ class LogitsOutputs(Mapping):
 
     ``vocab_parallel_logits`` is this rank's shard (padded columns at -inf). Under context
     parallelism each rank holds its own part of the sequence, so full logits are not assembled.
+    ``owned``: the shard is a whole forward's output, not rows of one (a kernel may overwrite it).
     """
 
-    def __init__(self, shard: torch.Tensor, vocab_size: int, cp_size: int = 1) -> None:
+    def __init__(self, shard: torch.Tensor, vocab_size: int, cp_size: int = 1, owned: bool = True) -> None:
         self.vocab_parallel_logits = shard
         self.vocab_size = vocab_size
         self.cp_size = cp_size
+        self.owned = owned
         self._full: torch.Tensor | None = None
+
+    def select_rows(self, rows: slice) -> LogitsOutputs:
+        """Rows ``rows`` of the batch (one tenant's of a stacked multi-tenant forward)."""
+        return LogitsOutputs(self.vocab_parallel_logits[rows], self.vocab_size, self.cp_size, owned=False)
+
+    def token_matches(self, inputs: Mapping[str, Any], ignore_index: int) -> tuple[Any, Any] | None:
+        """(correct arg-max predictions, trained tokens) for ``TokenAccuracy``, without gathering the vocabulary."""
+        labels = inputs.get(NEXT_LABELS)
+        return argmax_matches(self.vocab_parallel_logits, labels, ignore_index) if labels is not None else None
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key != "logits":
@@ -138,8 +151,21 @@ class LogitsOutputs(Mapping):
         return 1
 
 
-def feed_token_counts(metrics: list[Any], correct: Any, total: Any) -> None:
-    """Metrics that accept counts (TokenAccuracy) get the vocab-parallel arg-max result."""
-    for metric in metrics:
-        if hasattr(metric, "update_counts"):
-            metric.update_counts(correct, total)
+class VocabParallelCrossEntropy(Loss):
+    """twinkle's ``CrossEntropyLoss`` computed on this rank's vocabulary shard (and, under CP, its tokens).
+
+    ``consume``: megatron's kernel may overwrite the logits (the engine drops them after the loss);
+    rows of a stacked batch (``owned=False``) are never overwritten, their neighbours still need them.
+    """
+
+    def __init__(self, ignore_index: int = IGNORE_INDEX, consume: bool = False) -> None:
+        super().__init__("mean")
+        self.ignore_index = ignore_index
+        self.consume = consume
+
+    def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if NEXT_LABELS not in inputs:
+            raise KeyError("CrossEntropyLoss needs 'labels' in the inputs (encode the dataset with a template).")
+        total, items = cross_entropy_sum(outputs.vocab_parallel_logits, inputs[NEXT_LABELS], self.ignore_index,
+                                         self.consume and outputs.owned)
+        return total.reshape(()), items

@@ -63,6 +63,16 @@ def chunk_indices(length: int, cp_size: int, cp_rank: int) -> torch.Tensor:
                       torch.arange(second * chunk, (second + 1) * chunk)])
 
 
+def for_rank(batch: Mapping[str, Any], cp_size: int, cp_rank: int, tp_size: int, sequence_parallel: bool,
+             pad_token_id: int) -> dict[str, Any]:
+    """This rank's share of whole rows: padded to what megatron needs (:func:`sequence_multiple`), then split
+    (:func:`split_for_rank`). Only needed with ``cp_size > 1`` or sequence parallelism over several TP ranks."""
+    multiple = sequence_multiple(cp_size, tp_size, sequence_parallel)
+    if multiple > 1:
+        batch = pad_sequence(batch, multiple, pad_token_id)
+    return split_for_rank(batch, cp_size, cp_rank)
+
+
 def split_for_rank(batch: Mapping[str, Any], cp_size: int, cp_rank: int) -> dict[str, Any]:
     """This CP rank's share of every per-token tensor (other entries unchanged); ``position_ids`` made if absent."""
     if cp_size == 1:

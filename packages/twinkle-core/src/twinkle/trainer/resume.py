@@ -1,0 +1,132 @@
+"""Starting from a checkpoint: ``auto_resume`` (the newest one of this work_dir that loads) and
+``load_checkpoint`` (a chosen one, restoring the states its flags select)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from twinkle.log import get_logger
+from twinkle.trainer import store
+
+logger = get_logger()
+
+
+def verify(trainer: Any, path: Path) -> dict[str, Any]:
+    """The checkpoint's trainer state; ``skip_checkpoint_validation`` checks sizes only (with a warning)."""
+    skip = trainer.config.skip_checkpoint_validation
+    if skip:
+        logger.warning("skip_checkpoint_validation: %s is loaded without re-reading its files against their "
+                       "checksums (sizes are checked); a damaged file would go unnoticed.", path)
+    return store.verify(path, checksums=not skip)
+
+
+def auto_resume(trainer: Any, loader: Any) -> tuple[dict[str, Any], Path | None]:
+    """Continue from the newest checkpoint (or snapshot) that verifies and loads; damaged newer ones are
+    reported and skipped.
+
+    If a checkpoint verified but failed to load and no older one loads either, that is an error:
+    training on from a model that may hold part of a checkpoint is never called "from scratch".
+    """
+    from twinkle.checkpoint import CheckpointError
+
+    failed: list[str] = []
+    for step, path in reversed(store.list_checkpoints(trainer.ckpt_root, with_snapshot=True)):
+        try:
+            state = verify(trainer, path)
+        except CheckpointError as exc:
+            logger.warning("auto_resume: checkpoint %s is damaged (%s); falling back to the previous one.",
+                           path.name, exc)
+            continue
+        try:
+            progress = trainer.model.resume_from_checkpoint(
+                str(path / store.MODEL_SUBDIR), adapter_name=trainer.adapter,
+                skip_checkpoint_validation=trainer.config.skip_checkpoint_validation)
+        except Exception as exc:  # any load failure is damage: a raw error must not end the run here
+            failed.append(f"{path.name}: {type(exc).__name__}: {exc}")
+            logger.warning("auto_resume: checkpoint %s is damaged (%s: %s); falling back to the previous one.",
+                           path.name, type(exc).__name__, exc)
+            continue
+        loader.resume_from_checkpoint(progress["consumed_train_samples"])
+        logger.info("auto_resume: resumed from %s (step %d, %d samples consumed)", path, step,
+                    progress["consumed_train_samples"])
+        return state, path
+    if failed:
+        raise CheckpointError(
+            f"auto_resume: no checkpoint in {trainer.ckpt_root} could be loaded ({'; '.join(failed)}). Not "
+            "starting from scratch over a model that may hold part of one: fix or move those checkpoints "
+            "aside, or run with auto_resume=False."
+        )
+    logger.info("auto_resume: no complete checkpoint in %s; starting from scratch.", trainer.ckpt_root)
+    return {}, None
+
+
+def load_checkpoint(trainer: Any, loader: Any, path: Path, total: int) -> tuple[dict[str, Any], Path]:
+    """Start from the Trainer checkpoint ``path`` with the states ``load_checkpoint``'s flags choose.
+
+    The weights and the step always come from it (xtuner's LoadCheckpointConfig). A state that is not loaded
+    keeps what this run built: an empty optimizer (``load_optimizer_states``), this config's optimizer
+    hyper-parameters (``load_optimizer_args``), a new lr schedule over the remaining steps
+    (``load_scheduler``), the data from its first row (``load_dataset``), this run's seeded RNG (``load_rng``).
+    """
+    from twinkle.checkpoint import capture_rng_state, restore_rng_state
+    from twinkle.config import ConfigError
+
+    flags = trainer.config.load_checkpoint
+    if not (path / store.TRAINER_FILE).is_file():
+        raise ConfigError(f"load_checkpoint.checkpoint_path: {str(path)!r} is no Trainer checkpoint (no "
+                          f"{store.TRAINER_FILE}); give a work_dir/checkpoints/step-N directory, or use load_from for "
+                          "weights alone.", option="load_checkpoint.checkpoint_path")
+    state = verify(trainer, path)
+    model = trainer.model
+    group = model.optimizer_group[trainer._group_name()]
+    fresh = None if flags.everything else copy.deepcopy(group.optimizer.state_dict())
+    rng = None if flags.load_rng else capture_rng_state()
+    progress = model.resume_from_checkpoint(str(path / store.MODEL_SUBDIR), adapter_name=trainer.adapter,
+                                            skip_checkpoint_validation=trainer.config.skip_checkpoint_validation)
+    optimizer = group.optimizer
+    if not flags.load_optimizer_states or not flags.load_optimizer_args:
+        loaded = optimizer.state_dict()
+        if not flags.load_optimizer_states:
+            loaded["state"] = {}
+        if not flags.load_optimizer_args:
+            for kept, built in zip(loaded["param_groups"], fresh["param_groups"]):
+                kept.update({k: v for k, v in built.items() if k != "params"})
+        optimizer.load_state_dict(loaded)
+    if not flags.load_scheduler:
+        model.set_lr_scheduler(trainer.build_lr_scheduler(trainer.config.lr, max(total - progress["cur_step"], 1)),
+                               adapter_name=trainer.adapter)
+    if rng is not None:
+        restore_rng_state(rng)
+    if flags.load_dataset:
+        loader.resume_from_checkpoint(progress["consumed_train_samples"])
+    if flags.offload_optimizer_first_step:
+        trainer.offloaded = offload(optimizer)
+    skipped = [name for name in ("optimizer_states", "optimizer_args", "dataset", "scheduler", "rng")
+               if not getattr(flags, f"load_{name}")]
+    logger.info("load_checkpoint: started from %s (step %d%s)", path, progress["cur_step"],
+                f"; not loaded: {', '.join(skipped)}" if skipped else "")
+    return state, path
+
+
+def offload(optimizer: Any) -> dict[int, Any]:
+    """Move the optimizer's state tensors to host memory; returns where each came from (for :func:`reload`)."""
+    devices = {}
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if hasattr(value, "to") and hasattr(value, "device") and value.device.type != "cpu":
+                devices[id(value)] = value.device
+                state[key] = value.to("cpu")
+    return {"devices": devices, "count": len(devices)}
+
+
+def reload(optimizer: Any) -> None:
+    """Put the optimizer's state tensors back on their parameters' devices (before the first step)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if hasattr(value, "to") and hasattr(value, "device") and value.device != param.device \
+                        and value.dim() > 0:
+                    state[key] = value.to(param.device)
