@@ -42,7 +42,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--mixed-precision", default="no")
     parser.add_argument("--output-dir", default="output/vl_lora_sft")
-    parser.add_argument("--seed", type=int, default=0, help="the random init of a tiny model, and the data order")
+    parser.add_argument("--seed", type=int, default=0, help="the adapter's init (and a random base built from a config), the data order")
     parser.add_argument("--results-json", default=None, help="also write the losses and the checkpoint to this file")
     return parser.parse_args()
 
@@ -50,7 +50,7 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     args = parse()
     known_warnings.silence(args.model_id)  # dependencies' notes that do not apply here (see the module)
-    twinkle.initialize(seed=args.seed)  # the tiny model's weights are drawn at load: the same run every time
+    twinkle.initialize(seed=args.seed)  # the adapter's init and the data order: the same run every time
     start = time.time()
     # data: rows with '<image>' tags and their images (PNG bytes); the template runs the model's processor
     rows = [{"messages": r["messages"], "images": r["images"]} for r in shape_rows(args.samples, seed=0)]
