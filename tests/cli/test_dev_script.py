@@ -61,4 +61,5 @@ def test_a_signal_is_not_turned_into_another_code(fake):
 def test_test_runs_pytest_with_the_arguments_and_returns_its_code(fake):
     assert _dev(fake, "test", "-q", "tests/cli").returncode == 5
     calls = fake["log"].read_text().splitlines()
-    assert calls[-2:] == ["python scripts/ensure_test_models.py", "python -m pytest -q tests/cli"]
+    assert calls[-3:] == ["python scripts/ensure_test_models.py", "python scripts/ensure_cookbook_env.py",
+                          "python -m pytest -q tests/cli"]

@@ -57,7 +57,9 @@ def test_tiny_model_config_matches_the_tokenizer(tokenizer):
 
 def test_assets_are_small():
     total = sum(p.stat().st_size for p in ASSETS_DIR.rglob("*") if p.is_file() and p.suffix != ".pyc")
-    assert total < 2_000_000  # ~0.96 MB of it: the fp32 weights of the ~240k-parameter tiny model
+    # fp32 weights: tiny-qwen ~0.96 MB, each of the three tiny VL models ~1.8-2.1 MB (shipped so that an
+    # adapter trained on them loads in plain transformers + peft); tokenizers ~0.16 MB each
+    assert total < 8_500_000
 
 
 def test_tiny_model_weights_are_the_seeded_file_in_every_process():

@@ -27,7 +27,8 @@ def test_local_paths_and_assets(tmp_path):
 
 @pytest.mark.parametrize(("value", "exc", "message"), [
     ("no/such/dir", FileNotFoundError, r"'no/such/dir' is not an existing local path.*'ms://no/such/dir'"),
-    ("twinkle://weights", FileNotFoundError, r"no embedded asset 'weights'; known: self-cognition, tiny-qwen"),
+    ("twinkle://weights", FileNotFoundError,
+     r"no embedded asset 'weights'; known: self-cognition, tiny-internvl2.5, tiny-qwen, .*twinkle://<name>"),
     ("hf://", ValueError, r"not a valid hub id"),
     ("ms://a/b/c", ValueError, r"not a valid hub id"),
     (42, TypeError, r"Expected a path or a hub id string, got int"),

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 import torch
-from vl_testing import FAMILIES, dataset, expected_labels, template
+from vl_testing import FAMILIES, QWEN_FAMILIES, dataset, expected_labels, template
 
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import DataError, Dataset, DatasetMeta
@@ -18,7 +18,7 @@ from twinkle.preprocessor import AlpacaProcessor, MessagesProcessor
 from twinkle.processor import InputProcessor
 from twinkle.template.chat_templates import QWEN_VL
 
-FAMILY_NAMES = sorted(FAMILIES)
+FAMILY_NAMES = sorted(QWEN_FAMILIES)  # Qwen-VL's tokens and grids; InternVL: test_internvl.py
 NO_MARKERS = QWEN_VL.replace("{%- generation -%}", "").replace("{%- endgeneration -%}", "")
 
 

@@ -10,7 +10,12 @@ import torch
 FAMILIES = {
     "qwen2_5_vl": ("Qwen2_5VLTemplate", "twinkle://tiny-qwen2.5-vl"),
     "qwen3_vl": ("Qwen3VLTemplate", "twinkle://tiny-qwen3-vl"),
+    "internvl2_5": ("InternVL2_5Template", "twinkle://tiny-internvl2.5"),
 }
+#: the families whose processors expand Qwen-VL's vision tokens (<|image_pad|>, image_grid_thw)
+QWEN_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+#: the token an image expands into, per family
+IMAGE_TOKEN = {"qwen2_5_vl": "<|image_pad|>", "qwen3_vl": "<|image_pad|>", "internvl2_5": "<IMG_CONTEXT>"}
 
 
 def template(family: str, **kwargs: Any):
@@ -35,7 +40,7 @@ def dataset(family: str, n: int = 16, seed: int = 0, **template_kwargs: Any):
 
 
 def model(family: str, seed: int = 0, **kwargs: Any):
-    """A TransformersModel over the family's tiny VL model (random init, fp32)."""
+    """A TransformersModel over the family's tiny VL model (its shipped seeded weights, fp32)."""
     from twinkle.model import TransformersModel
 
     torch.manual_seed(seed)
@@ -43,14 +48,13 @@ def model(family: str, seed: int = 0, **kwargs: Any):
 
 
 def hf_model(family: str, seed: int = 0):
-    """The same tiny model built with plain transformers."""
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    """The same tiny model loaded with plain transformers (the asset's weights)."""
+    from transformers import AutoModelForImageTextToText
 
     from twinkle.hub import resolve_path
 
     torch.manual_seed(seed)
-    config = AutoConfig.from_pretrained(resolve_path(FAMILIES[family][1]))
-    return AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    return AutoModelForImageTextToText.from_pretrained(resolve_path(FAMILIES[family][1]), dtype=torch.float32)
 
 
 def expected_labels(ids: list[int], tok) -> list[int]:

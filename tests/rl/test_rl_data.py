@@ -95,7 +95,7 @@ def test_script_rewards_register_list_and_score():
     totals = score({"test_length_reward": 1.0, "exact_match": 2.0}, ["abcd", "yes"],
                    [{"answer": "x"}, {"answer": "yes"}])
     assert totals == pytest.approx([0.4, 0.3 + 2.0])
-    with pytest.raises(TypeError, match="returns a number"):
+    with pytest.raises(TypeError, match="returns a finite number"):
         score([lambda completion, **row: "good"], ["a"])
 
 

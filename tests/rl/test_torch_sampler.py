@@ -122,6 +122,42 @@ def test_stop_strings_with_the_templates_tokenizer():
         TorchSampler(make_model()).sample([[1, 2]], SamplingParams(stop="x"))
 
 
+def test_text_is_decoded_when_read_and_travels_by_pickle():
+    import pickle
+
+    from twinkle.template import Template
+
+    template = Template()
+    calls = []
+
+    class Counting:
+        def decode(self, tokens, **kwargs):
+            calls.append(list(tokens))
+            return template.tokenizer.decode(tokens, **kwargs)
+
+    torch.manual_seed(0)
+    sampler = TorchSampler(make_model(config=tiny_config(vocab_size=len(template.tokenizer))), tokenizer=Counting())
+    result = sampler.sample([[5, 6, 7]], SamplingParams(max_tokens=4, n=2, seed=1, stop=[]))[0]
+    assert calls == []  # sampling itself decodes nothing
+    first = result.sequences[0]
+    assert first.text == template.tokenizer.decode(first.tokens) and calls == [first.tokens]
+    assert first.text and len(calls) == 1  # decoded once
+    again = pickle.loads(pickle.dumps(result.sequences[1]))
+    assert again.text == template.tokenizer.decode(again.tokens) and again == result.sequences[1]
+
+
+def test_sampled_logprobs_stay_exact_for_improbable_tokens():
+    from twinkle_hf.sampler.torch_sampler import sampled_logprobs
+
+    steps = [torch.tensor([[0.0, 200.0, -10.0], [1.0, 2.0, 3.0]]), torch.tensor([[5.0, 5.0, 5.0], [0.0, -300.0, 0.0]])]
+    tokens = torch.tensor([[0, 2], [2, 1]])  # row 0 step 0 and row 1 step 1: probabilities far below float32's range
+    expected = torch.stack([torch.log_softmax(step.double(), -1).gather(-1, tokens[:, k:k + 1]).squeeze(1)
+                            for k, step in enumerate(steps)], 1)
+    got = sampled_logprobs(steps, tokens)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-5)
+
+
 def test_reference_logprobs_are_the_base_models(lora_model):
     base = AutoModelForCausalLM.from_config(tiny_config())
     state = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
@@ -138,9 +174,21 @@ def test_reference_logprobs_are_the_base_models(lora_model):
 def test_sampling_leaves_the_training_state_alone(lora_model):
     lora_model.set_optimizer("SGD", lr=0.1, adapter_name="a")
     lora_model.model.train(True)
+    frozen = lora_model.model.base_model.model.model.norm
+    frozen.eval()  # a submodule a user keeps in eval mode stays there
+    modes = {name: m.training for name, m in lora_model.model.named_modules()}
+    seen = []
+    hook = lora_model.model.base_model.model.model.layers[0].register_forward_hook(
+        lambda module, args, out: seen.append(module.training))
     group = lora_model.optimizer_group["a"]
     before = (group.micro_step, group.total_micro_steps, group.cur_step)
-    TorchSampler(lora_model).sample(PROMPTS, SamplingParams(max_tokens=3, stop=[]), adapter_name="a")
+    try:
+        TorchSampler(lora_model).sample(PROMPTS, SamplingParams(max_tokens=3, stop=[]), adapter_name="a")
+    finally:
+        hook.remove()
+    assert seen and not any(seen)  # generated in eval mode
+    assert {name: m.training for name, m in lora_model.model.named_modules()} == modes
+    lora_model.model.train(True)
     assert lora_model.model.training and (group.micro_step, group.total_micro_steps, group.cur_step) == before
     assert all(p.grad is None for p in lora_model.model.parameters())
 

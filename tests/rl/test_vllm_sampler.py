@@ -186,6 +186,20 @@ def test_errors_say_what_to_do(sampler, tmp_path):
         parse_completion(bad)
 
 
+def test_prompts_beyond_the_engines_vocabulary_or_context_are_refused(sampler):
+    config = SimpleNamespace(max_model_len=32, get_vocab_size=lambda: 100)
+    sampler.engine.llm_engine.model_config = config  # what vllm.LLM reports (llm_engine.model_config)
+    with pytest.raises(ValueError, match=r"prompts\[1\] holds token id 100 at position 0, outside the model's "
+                                         r"vocabulary \(ids 0..99\)"):
+        sampler.sample([[1, 2], [100]])
+    with pytest.raises(ValueError, match=r"prompts\[0\] needs 34 positions \(26 tokens \+ max_tokens 8\) but the "
+                                         r"model has 32 \(the engine's max_model_len\)"):
+        sampler.sample([[1] * 26], SamplingParams(max_tokens=8))
+    with pytest.raises(ValueError, match=r"sequences\[0\] needs 33 positions"):
+        sampler.compute_logprobs([[1] * 33])
+    assert sampler.engine.calls == []  # nothing reached the engine
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_without_vllm_the_engine_names_the_extra():
     with pytest.raises(ImportError, match=r"twinkle-hf\[vllm\]"):

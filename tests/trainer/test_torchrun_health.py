@@ -22,7 +22,8 @@ def test_backend_mesh_accumulation_and_health_check_on_two_ranks(tmp_path: Path)
     proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
                           timeout=480)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')]
+    lines = [json.loads(line) for rank in (0, 1)
+             for line in (tmp_path / f"results-{rank}.jsonl").read_text().splitlines()]
     by = {(line["scenario"], line["rank"]): line for line in lines}
     for rank in (0, 1):
         assert by[("nccl", rank)]["error"].startswith("backend: 'nccl' could not start torch.distributed")

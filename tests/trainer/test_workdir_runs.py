@@ -101,7 +101,7 @@ def test_rotation_never_deletes_the_checkpoint_it_just_wrote(tmp_path: Path) -> 
     root = tmp_path / "checkpoints"
     for step in (24, 32, 3):
         store.write_checkpoint(root, step, lambda tmp: (tmp / "model").mkdir(), {"step": step})
-    gone = store.rotate(root, 2, protect=root / "step-00000003")
+    gone = store.rotate(root, 2, written=root / "step-00000003")
     assert [p.name for p in gone] == ["step-00000024"]
     assert sorted(p.name for _, p in store.list_checkpoints(root)) == ["step-00000003", "step-00000032"]
 

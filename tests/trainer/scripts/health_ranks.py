@@ -5,7 +5,8 @@ Scenarios, one after another in the same processes (the process group is made on
            backend='gloo', check_health_interval=1 and dataloader.micro_batch_size=2 (global 8 over 2 ranks).
   nan:     rank 1 puts a NaN into a weight at step 2: the health check stops every rank, naming rank 1.
   probe:   rank 1's check computation answers differently (a faulty device): every rank stops, naming rank 1.
-Each rank prints one JSON line per scenario.
+Each rank appends one JSON line per scenario to its own file ``results-<rank>.jsonl`` in the root (two ranks
+printing to one pipe can interleave their lines).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ root = Path(sys.argv[1])
 
 
 def report(**data: object) -> None:
-    print(json.dumps({"rank": RANK, **data}), flush=True)
+    with open(root / f"results-{RANK}.jsonl", "a") as f:
+        f.write(json.dumps({"rank": RANK, **data}) + "\n")
 
 
 def poison_rank1(step: int, **kwargs: object) -> None:

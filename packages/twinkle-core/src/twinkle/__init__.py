@@ -10,11 +10,14 @@ from twinkle.mesh import DeviceGroup, DeviceMesh
 from twinkle.placement import get_device_placement
 from twinkle.remote import remote_class, remote_function
 from twinkle.runtime import get_device_mesh, get_runtime, initialize, shutdown
+from twinkle.types import InputFeature, ModelOutput
 from twinkle.version import __version__
 
 __all__ = [
     "DeviceGroup",
     "DeviceMesh",
+    "InputFeature",
+    "ModelOutput",
     "__version__",
     "get_device_mesh",
     "get_device_placement",

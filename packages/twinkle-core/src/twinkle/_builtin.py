@@ -73,7 +73,7 @@ def register_templates():
             ("deepseek", "DeepSeekR1Template"), ("deepseek", "DeepSeekV4Template"), ("others", "MistralTemplate"),
             ("others", "YiTemplate"), ("others", "GLM4Template"), ("others", "InternLM2Template"),
             ("vl", "VLTemplate"), ("vl", "Qwen2VLTemplate"), ("vl", "Qwen2_5VLTemplate"), ("vl", "Qwen3VLTemplate"),
-            ("vl", "Qwen3_5VLTemplate"),
+            ("vl", "Qwen3_5VLTemplate"), ("internvl", "InternVL2_5Template"),
         )
     }
 

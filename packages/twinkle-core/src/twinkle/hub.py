@@ -80,3 +80,20 @@ def _huggingface(repo_id: str, repo_type: str, revision: str | None, allow_patte
 
     return str(snapshot_download(repo_id=repo_id, repo_type=repo_type, revision=revision,
                                  allow_patterns=allow_patterns))
+
+
+def portable_id(model_id: str | None) -> str | None:
+    """What a checkpoint names as its base (``adapter_config.json``'s ``base_model_name_or_path``): the id the
+    user gave, never a path into a cache or into twinkle's install.
+
+    ``ms://org/name`` and ``hf://org/name`` become ``org/name`` (what peft's ``AutoPeftModel`` and the hubs'
+    clients load); ``twinkle://NAME`` (an embedded model, :func:`resolve_path` finds it) and a path are kept as
+    the user wrote them. None: nothing to say (a model built from a config).
+    """
+    if not model_id:
+        return None
+    text = str(model_id)
+    for prefix in ("ms://", "hf://"):
+        if text.startswith(prefix):
+            return text[len(prefix):].strip("/")
+    return text

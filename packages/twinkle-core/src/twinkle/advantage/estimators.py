@@ -2,11 +2,16 @@
 
 With rewards ``r`` of one group of ``G`` samples of the same prompt:
 
-* ``grpo``:  ``(r_i - mean(r)) / (std(r) + eps)`` (Shao et al. 2024; ``std`` unbiased, as TRL);
-  ``scale=False`` keeps only the centring (Dr. GRPO, Liu et al. 2025);
+* ``grpo``:  ``(r_i - mean(r)) / (std + eps)`` (Shao et al. 2024; ``std`` unbiased, as TRL). ``scale``
+  says which std: ``'group'`` (the default, also ``True``) the group's own, ``'batch'`` the std of every
+  reward of the call (TRL's ``scale_rewards='batch'``, Liu et al. 2025's recommendation), ``'none'``
+  (also ``False``) only centres (Dr. GRPO);
 * ``rloo``:  ``r_i - mean_{j != i} r_j`` (Ahmadian et al. 2024), which equals
   ``G / (G - 1) * (r_i - mean(r))``;
 * ``reward_minus_baseline``: ``r_i - b`` with a fixed ``b``, or the batch mean when ``baseline=None``.
+
+``grpo`` and ``rloo`` compare each sample with the other samples of its prompt, so they need
+``group_size >= 2``: a group of one has no baseline, and every advantage would be 0.
 """
 
 from __future__ import annotations
@@ -17,25 +22,49 @@ import torch
 
 from twinkle.utils.checks import check_int
 
+#: what ``grpo(scale=...)`` divides the centred rewards by
+SCALES = ("group", "batch", "none")
+_NO_BASELINE = (" (a group of one sample has no baseline: every advantage would be 0; sample n >= 2 completions "
+                "per prompt, or use reward_minus_baseline)")
+
 
 def _groups(rewards: Sequence[float] | torch.Tensor, group_size: int, name: str, minimum: int = 1) -> torch.Tensor:
     values = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
-    check_int(group_size, f"{name}: group_size", minimum)
+    check_int(group_size, f"{name}: group_size", minimum, _NO_BASELINE if minimum == 2 else "")
     if values.numel() == 0 or values.numel() % group_size:
         raise ValueError(f"{name}: {values.numel()} rewards are not whole groups of {group_size}; give every prompt's "
                          "samples together, in the order the sampler returned them.")
     if not torch.isfinite(values).all():
-        raise ValueError(f"{name}: the rewards contain NaN or inf; a reward function must return a finite number.")
+        bad = int((~torch.isfinite(values)).nonzero()[0])
+        raise ValueError(f"{name}: reward {bad} is {float(values[bad])} (NaN or inf); a reward function must return a "
+                         "finite number.")
     return values.view(-1, group_size)
 
 
-def grpo(rewards: Sequence[float] | torch.Tensor, group_size: int, *, scale: bool = True,
+def _scale(scale: bool | str) -> str:
+    if scale is True:
+        return "group"
+    if scale is False:
+        return "none"
+    if scale not in SCALES:
+        raise ValueError(f"grpo: scale={scale!r} is not one of {', '.join(SCALES)} (or True = 'group', False = "
+                         "'none').")
+    return scale
+
+
+def grpo(rewards: Sequence[float] | torch.Tensor, group_size: int, *, scale: bool | str = True,
          eps: float = 1e-4) -> torch.Tensor:
-    """Group-normalised advantages; a group whose rewards are all equal gets zeros."""
-    groups = _groups(rewards, group_size, "grpo")
+    """Group-centred advantages, divided by the std of ``scale`` (see the module docstring).
+
+    A group whose rewards are all equal gets zeros (with ``'group'``, ``std = 0`` and the numerator is 0).
+    """
+    mode = _scale(scale)
+    groups = _groups(rewards, group_size, "grpo", minimum=2)
     centred = groups - groups.mean(dim=1, keepdim=True)
-    if scale and group_size > 1:
+    if mode == "group":
         centred = centred / (groups.std(dim=1, keepdim=True) + eps)
+    elif mode == "batch":
+        centred = centred / (groups.std() + eps)
     return centred.reshape(-1).float()
 
 

@@ -10,8 +10,16 @@
   plain ``AutoModelForCausalLM.from_pretrained`` loads it too (the base of the main job's LoRA).
 - ``tiny-qwen2.5-vl``, ``tiny-qwen3-vl``: tiny vision-language model directories (config.json of a
   Qwen2.5-VL / Qwen3-VL with a 2-block vision tower, the tokenizer above plus the vision tokens, a
-  processor with a small image processor and the Qwen-VL chat template; scripts/make_tiny_vl.py).
-  No weights: build the model with ``from_config``.
+  processor with a small image processor and the Qwen-VL chat template, and seeded float32 weights;
+  scripts/make_tiny_vl.py): plain ``AutoModelForImageTextToText.from_pretrained`` loads them, so an
+  adapter trained on them loads in plain transformers + peft.
+- ``tiny-internvl2.5``: the same for InternVL 2.5 (``InternVLForConditionalGeneration``: a 2-layer
+  InternViT on 56-pixel tiles, the MLP projector, a 2-layer hidden-64 Qwen2 language model; the
+  tokenizer with InternVL's image tokens, a GotOcr2 tiling image processor, InternVL 2.5's chat template).
+
+A checkpoint of an embedded model names its base as the user wrote it (``twinkle://tiny-qwen``);
+elsewhere, resolve that name with ``twinkle.hub.resolve_path`` (twinkle installed) or copy the asset's
+directory beside the checkpoint (its path: ``asset_path(NAME)``).
 
 Address them as ``twinkle://NAME`` anywhere a path or hub id is accepted (see :mod:`twinkle.hub`).
 """
@@ -29,6 +37,7 @@ ASSETS: dict[str, str] = {
     "tokenizer": "tiny-qwen",
     "tiny-qwen2.5-vl": "tiny-qwen2.5-vl",
     "tiny-qwen3-vl": "tiny-qwen3-vl",
+    "tiny-internvl2.5": "tiny-internvl2.5",
 }
 
 #: what ``model_id=None`` means for a template: the embedded tokenizer

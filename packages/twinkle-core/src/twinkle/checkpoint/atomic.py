@@ -142,16 +142,17 @@ def rotate(family: Sequence[Path], keep: int | None, written: Path | None = None
            protected: Collection[str] = ()) -> list[Path]:
     """Delete the members of ``family`` (listed oldest first) beyond the newest ``keep``; return what went.
 
-    ``keep`` None or <= 0 keeps everything. Never deleted, wherever they sort: ``written`` (the checkpoint
-    just saved, which counts among the ``keep``) and a directory whose name is in ``protected`` (which does
-    not count).
+    ``keep`` None or <= 0 keeps everything. Never deleted, wherever they sort: the newest member and
+    ``written`` (the checkpoint just saved), both counted among the ``keep``, and a directory whose name is
+    in ``protected`` (which does not count).
     """
     if keep is None or keep <= 0:
         return []
-    written = Path(written) if written is not None else None
-    members = [Path(p) for p in family if Path(p).name not in protected and Path(p) != written]
-    room = keep - (1 if written is not None and written.is_dir() else 0)
-    doomed = members[:-room] if room > 0 else members
+    members = [Path(p) for p in family if Path(p).name not in protected]
+    keepers = set(members[-1:]) | ({Path(written)} if written is not None and Path(written).is_dir() else set())
+    others = [p for p in members if p not in keepers]
+    room = keep - len(keepers)
+    doomed = others[:-room] if room > 0 else others
     for path in doomed:
         discard(path)
     return doomed

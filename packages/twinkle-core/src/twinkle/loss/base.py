@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from twinkle.types import InputFeature, ModelOutput
+
 REDUCTIONS = ("mean", "sum")
 
 
@@ -17,6 +19,9 @@ class Loss(ABC):
     Subclasses implement :meth:`compute`, returning ``(sum of item losses, number of items)``;
     an item is whatever the mean averages over (a trained token for cross-entropy, a query for
     InfoNCE). ``loss(inputs, outputs)`` then returns the sum or the mean per ``reduction``.
+    ``inputs`` is the collated batch (:class:`twinkle.types.InputFeature`), ``outputs`` the forward's
+    result (:class:`twinkle.types.ModelOutput`). A plain function ``fn(inputs, outputs) -> tensor``
+    works with ``set_loss`` too; it returns the batch's mean.
 
     A loss whose batch must have a structure (the preference losses' pairs) may also define
     ``check_batch(batch)``: collation calls it on the host with the collated batch, before the forward,
@@ -33,13 +38,13 @@ class Loss(ABC):
         self.reduction = reduction
 
     @abstractmethod
-    def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    def compute(self, inputs: InputFeature, outputs: ModelOutput, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         """``(sum of per-item losses, number of items)`` for one batch.
 
         The count may be an int or a 0-dim tensor; a tensor avoids a device-to-host sync.
         """
 
-    def __call__(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> torch.Tensor:
+    def __call__(self, inputs: InputFeature, outputs: ModelOutput, **kwargs: Any) -> torch.Tensor:
         total, items = self.compute(inputs, outputs, **kwargs)
         if self.reduction == "sum":
             return total

@@ -9,9 +9,11 @@ chosen/rejected:
 
 =========  =========================================================================================
 dpo        ``-(1 - e) log sigma(z) - e log sigma(-z)``, ``z = beta ((pi_w - ref_w) - (pi_l - ref_l))``
-ipo        ``(h - 1 / (2 beta)) ** 2``, ``h = (pi_w - ref_w) - (pi_l - ref_l)``   (Azar et al. 2023)
+ipo        ``(h - 1 / (2 beta)) ** 2``, ``h = (pi_w - ref_w) - (pi_l - ref_l)``   (Azar et al. 2023; TRL divides
+           each log-ratio by ``|y|``: ``length_normalized=True``)
 simpo      ``-log sigma(beta pi_w / |y_w| - beta pi_l / |y_l| - gamma)``        (Meng et al. 2024)
 orpo       ``-pi_w / |y_w| + beta * -log sigma(lo_w - lo_l)``, ``lo = m - log(1 - exp(m))``, ``m = pi / |y|``
+           (TRL's token-mean NLL over prompt and answer: ``nll='token_mean'``)
 =========  =========================================================================================
 
 Each loss is a mean over pairs (the model divides by the global pair count, exact under
@@ -123,18 +125,27 @@ class DPOLoss(PreferenceLoss):
 
 
 class IPOLoss(PreferenceLoss):
-    """``ipo``: squared distance of the log-likelihood-ratio margin to ``1 / (2 beta)``."""
+    """``ipo``: squared distance of the log-likelihood-ratio margin to ``1 / (2 beta)``.
+
+    ``length_normalized=True`` is TRL's form: each sequence's log-ratio is divided by its trained token
+    count before the margin is taken (``h = (pi_w - ref_w) / |y_w| - (pi_l - ref_l) / |y_l|``), which keeps
+    ``beta`` comparable across answer lengths. The default sums, as the paper's equation 17 is written.
+    """
 
     name = "ipo"
     uses_reference = True
 
-    def __init__(self, beta: float = 0.1) -> None:
+    def __init__(self, beta: float = 0.1, length_normalized: bool = False) -> None:
         super().__init__(beta)
+        if not isinstance(length_normalized, bool):
+            raise TypeError(f"ipo: length_normalized must be True or False, got {length_normalized!r}.")
+        self.length_normalized = length_normalized
 
     def pair_loss(self, pi: torch.Tensor, ref: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor,
                                                                                             torch.Tensor]:
-        chosen, rejected = _pairs(pi - ref)
-        return (chosen - rejected - 1 / (2 * self.beta)) ** 2, self.beta * (pi - ref)
+        ratio = pi - ref
+        chosen, rejected = _pairs(ratio / lengths if self.length_normalized else ratio)
+        return (chosen - rejected - 1 / (2 * self.beta)) ** 2, self.beta * ratio
 
 
 class SimPOLoss(PreferenceLoss):
@@ -152,18 +163,65 @@ class SimPOLoss(PreferenceLoss):
         return -F.logsigmoid(chosen - rejected - self.gamma), rewards
 
 
+#: what ORPO's NLL term averages (see :class:`ORPOLoss`)
+ORPO_NLL = ("answer_mean", "token_mean")
+
+
 class ORPOLoss(PreferenceLoss):
-    """``orpo``: the chosen answer's mean NLL plus ``beta`` times the odds-ratio loss; no reference."""
+    """``orpo``: the chosen answer's NLL plus ``beta`` times the odds-ratio loss; no reference.
+
+    ``nll`` chooses the NLL term:
+
+    * ``'answer_mean'`` (default): each chosen answer's mean NLL over its trained tokens, averaged over the
+      pairs like the odds-ratio term (the paper's ``L_SFT`` per pair);
+    * ``'token_mean'``: TRL's ``ORPOTrainer``: the mean NLL over every token of the batch's chosen
+      sequences, **prompt and answer** (each real position predicting the next token of its sequence),
+      taken within the micro-batch (as TRL takes it per device batch).
+    """
 
     name = "orpo"
 
-    def __init__(self, beta: float = 0.1) -> None:
+    def __init__(self, beta: float = 0.1, nll: str = "answer_mean") -> None:
         super().__init__(beta)
+        if nll not in ORPO_NLL:
+            raise ValueError(f"orpo: nll={nll!r} is not one of {', '.join(ORPO_NLL)}.")
+        self.nll = nll
 
     def pair_loss(self, pi: torch.Tensor, ref: None, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean_logp = pi / lengths
         # log(1 - P) with P = exp(m) -> 1 clamped one epsilon below 1, so a certain answer stays finite
         log_odds = mean_logp - torch.log(-torch.expm1(mean_logp.clamp(max=-torch.finfo(mean_logp.dtype).eps)))
         chosen_odds, rejected_odds = _pairs(log_odds)
+        odds_loss = -self.beta * F.logsigmoid(chosen_odds - rejected_odds)
+        if self.nll == "token_mean":
+            return odds_loss, self.beta * mean_logp  # the NLL is added over tokens in compute()
         chosen_mean, _ = _pairs(mean_logp)
-        return -chosen_mean - self.beta * F.logsigmoid(chosen_odds - rejected_odds), self.beta * mean_logp
+        return -chosen_mean + odds_loss, self.beta * mean_logp
+
+    def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        total, pairs = super().compute(inputs, outputs, **kwargs)
+        if self.nll == "answer_mean":
+            return total, pairs
+        # every pair carries the batch's token-mean NLL once, so the mean over pairs adds it once
+        return total + pairs * self._chosen_token_nll(inputs, outputs), pairs
+
+    def _chosen_token_nll(self, inputs: Mapping[str, Any], outputs: Any) -> torch.Tensor:
+        """Mean NLL over the real positions of the chosen sequences that predict a token of their own sequence."""
+        from twinkle.loss.base import output_field
+        from twinkle.loss.token_inputs import gather_logprobs, token_view
+
+        logits = output_field(outputs, "logits")
+        view = token_view(inputs, logits, self.name)
+        segments = view.segments
+        if view.labels_layout:  # position t predicts input t + 1, when that token belongs to the same sequence
+            ids = torch.as_tensor(inputs["input_ids"], device=logits.device).long()
+            targets = F.pad(ids, (0, 1))[..., 1:]
+            predicts = (segments >= 0) & (F.pad(segments, (0, 1), value=-1)[..., 1:] == segments)
+        else:  # Tinker rows: every real position has its target
+            targets, predicts = view.targets, segments >= 0
+        trained = view.trained_sequences()
+        chosen = trained & ((trained.long().cumsum(0) - 1) % 2 == 0)  # chosen, rejected, chosen, ... in batch order
+        mask = predicts & chosen[segments.clamp(min=0)]
+        logprobs = gather_logprobs(logits, torch.where(mask, targets, torch.zeros_like(targets)))
+        picked = torch.where(mask, logprobs, torch.zeros_like(logprobs))
+        return -picked.sum() / mask.sum().clamp(min=1)

@@ -20,8 +20,15 @@ the applied gradient equals that of the N micro-batches taken as one token-weigh
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from twinkle.types import InputFeature, ModelOutput
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from twinkle.loss import Loss
 
 
 class TwinkleModel(ABC):
@@ -91,9 +98,11 @@ class TwinkleModel(ABC):
 
     # ---------------------------------------------------------- components
     @abstractmethod
-    def set_loss(self, loss_cls: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+    def set_loss(self, loss_cls: Loss | type[Loss] | str | Callable[[InputFeature, ModelOutput], Tensor], *,
+                 adapter_name: str | None = None, **kwargs: Any) -> None:
         """Use a loss: a ``Loss`` subclass or instance, a registered name, or a callable
-        ``(inputs, outputs, **kwargs) -> tensor``; ``kwargs`` construct it."""
+        ``fn(inputs: InputFeature, outputs: ModelOutput, **kwargs) -> tensor`` (the batch's mean loss;
+        see :mod:`twinkle.types`); ``kwargs`` construct it."""
 
     @abstractmethod
     def set_optimizer(self, optimizer_cls: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:

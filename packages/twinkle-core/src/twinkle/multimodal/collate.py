@@ -38,9 +38,7 @@ class MediaCollator:
         if videos and not has_video_processor(self.processor):
             raise DataError(f"the batch has videos but {type(self.processor).__name__} has no video processor "
                             "(transformers builds video processors on torchvision; install it for this torch).")
-        if images or videos:
-            features = self.processor(images=images or None, videos=videos or None, return_tensors="pt")
-            out.update({k: v for k, v in features.items() if isinstance(v, torch.Tensor)})
+        out.update(vision_inputs(self.processor, images, videos))
         if "mm_token_type_ids" in getattr(self.processor, "model_input_names", ()):
             out["mm_token_type_ids"] = torch.as_tensor(self.processor.create_mm_token_type_ids(input_ids.tolist()),
                                                        dtype=torch.long)
@@ -57,8 +55,27 @@ def blank_image_inputs(processor: Any, size: int = 56) -> dict[str, Any]:
     ranks run it on theirs, so that all ranks take part in the same collectives (see docs/multimodal.md).
     ``size``: a small image (the processor resizes it up to its own minimum where it has one).
     """
-    import torch
     from PIL import Image
 
-    features = processor(images=[Image.new("RGB", (size, size), (0, 0, 0))], return_tensors="pt")
-    return {k: v for k, v in features.items() if isinstance(v, torch.Tensor)}
+    return vision_inputs(processor, [Image.new("RGB", (size, size), (0, 0, 0))], [])
+
+
+#: processors that place media by reading the text (``processor(images=...)`` without text fails): their image
+#: processor is asked directly, with the options the processor itself passes it (InternVL: crop_to_patches=True)
+TEXT_PLACED = ("InternVLProcessor",)
+
+
+def vision_inputs(processor: Any, images: Sequence[Any], videos: Sequence[Any]) -> dict[str, Any]:
+    """The tensors ``processor`` makes of ``images`` and ``videos`` (none: an empty dict)."""
+    import torch
+
+    if not images and not videos:
+        return {}
+    if type(processor).__name__ in TEXT_PLACED:
+        if videos:
+            raise DataError(f"{type(processor).__name__}: twinkle collates images for this family, not videos.")
+        options = dict(getattr(type(processor), "images_kwargs", None) or {})
+        features = processor.image_processor(images=list(images), return_tensors="pt", **options)
+    else:
+        features = processor(images=list(images) or None, videos=list(videos) or None, return_tensors="pt")
+    return {k: v for k, v in features.items() if isinstance(v, torch.Tensor) and k != "num_patches"}

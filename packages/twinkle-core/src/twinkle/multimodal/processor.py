@@ -3,8 +3,10 @@
 transformers builds every video processor on torchvision. Where torchvision is missing (or has no
 build for the installed torch, as on CPU-only machines), ``AutoProcessor`` cannot build a
 Qwen-VL/InternVL processor at all, although its image processor has a Pillow backend. twinkle
-then builds the family's processor from its image processor and tokenizer without the video
-part (a logged warning says so): images work, a video raises an error naming the fix.
+then builds the family's processor from its image processor and tokenizer without transformers'
+video processor (a logged warning says so): images work, and for the Qwen-VL families videos given
+as frames work through :class:`twinkle.multimodal.frames.FramesVideoProcessor` (Pillow and numpy);
+a video file raises an error naming what to install.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ def load_processor(model_id: str) -> Any:
                 from exc
         if str(path) not in _WARNED:
             _WARNED.add(str(path))
-            logger.warning("%s: transformers could not build the video processor (%s: %s); using %s for images only. "
-                           "Videos need torchvision installed for this torch build.", model_id, type(exc).__name__,
-                           str(exc).splitlines()[0][:200], type(processor).__name__)
+            videos = ("videos given as frames are read with Pillow; video files need torchvision and a decoder"
+                      if has_video_processor(processor) else "videos need torchvision installed for this torch build")
+            logger.warning("%s: transformers could not build the video processor (%s: %s); using %s without it: %s.",
+                           model_id, type(exc).__name__, str(exc).splitlines()[0][:200], type(processor).__name__,
+                           videos)
     if not hasattr(processor, "image_processor"):
         raise DataError(f"{model_id!r} has no image processor (got {type(processor).__name__}); it is not a "
                         "vision-language model. Use a text template (Qwen2_5Template, ...) for it.")
@@ -81,8 +85,13 @@ def image_only_processor(path: str | Path) -> Any:
     template = directory / "chat_template.jinja"
     if template.is_file():
         extra["chat_template"] = template.read_text()
-    return _image_only_class(cls)(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
-                                  **extra)
+    processor = _image_only_class(cls)(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                                       **extra)
+    from twinkle.multimodal.frames import FramesVideoProcessor, takes_frames
+
+    if takes_frames(image_processor) and getattr(processor, "video_token", None) is not None:
+        processor.video_processor = FramesVideoProcessor(image_processor)  # videos given as frames: no torchvision
+    return processor
 
 
 def _image_only_class(cls: type) -> type:
@@ -94,6 +103,11 @@ def _image_only_class(cls: type) -> type:
         @classmethod
         def get_attributes(klass) -> list[str]:
             return [a for a in super().get_attributes() if a != "video_processor"]
+
+        def to_dict(self) -> dict[str, Any]:  # a frames video processor attached here is twinkle's, not saved
+            out = super().to_dict()
+            out.pop("video_processor", None)
+            return out
 
     ImageOnly.__name__ = cls.__name__  # what save_pretrained writes as processor_class
     ImageOnly.__qualname__ = cls.__qualname__

@@ -6,6 +6,6 @@ answer) and ``format_match`` (a regular expression). A script adds its own with
 """
 
 from twinkle.reward.builtin import exact_match, format_match, numeric_match
-from twinkle.reward.scoring import register_reward, score
+from twinkle.reward.scoring import RewardError, register_reward, score
 
-__all__ = ["exact_match", "format_match", "numeric_match", "register_reward", "score"]
+__all__ = ["RewardError", "exact_match", "format_match", "numeric_match", "register_reward", "score"]

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from twinkle.registry import register, resolve
 
 RewardFn = Callable[..., float]
+
+
+class RewardError(RuntimeError):
+    """A reward function raised: names the reward and the completion (its index in ``score``'s list).
+
+    The reward's own exception is the ``__cause__``; ``reward`` and ``index`` hold the two names.
+    """
+
+    def __init__(self, message: str, reward: str, index: int) -> None:
+        super().__init__(message)
+        self.reward = reward
+        self.index = index
+
+
+def reward_name(reward: Any) -> str:
+    """How a reward is named in messages: its registered name, or a function's qualified name."""
+    return reward if isinstance(reward, str) else getattr(reward, "__qualname__", None) or repr(reward)
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
@@ -34,15 +52,19 @@ def score(rewards: Sequence[Any] | Mapping[Any, float], completions: Sequence[st
     rows = list(rows) if rows is not None else [{}] * len(completions)
     if len(rows) != len(completions):
         raise ValueError(f"score(): {len(completions)} completions but {len(rows)} rows; give one row per completion.")
-    fns = [(resolve("reward", r), float(w), r) for r, w in weighted]
+    fns = [(resolve("reward", r), float(w), reward_name(r)) for r, w in weighted]
     totals = []
-    for completion, row in zip(completions, rows):
+    for index, (completion, row) in enumerate(zip(completions, rows)):
         total = 0.0
         for fn, weight, name in fns:
-            value = fn(completion, **row)
-            if not isinstance(value, (int, float)) or value != value:
-                raise TypeError(f"Reward {name!r} returned {value!r} for {completion[:40]!r}; a reward returns a "
-                                "number.")
+            try:
+                value = fn(completion, **row)
+            except Exception as exc:
+                raise RewardError(f"Reward {name!r} raised on completion {index} ({completion[:40]!r}): "
+                                  f"{type(exc).__name__}: {exc}", name, index) from exc
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"Reward {name!r} returned {value!r} for completion {index} ({completion[:40]!r}); "
+                                "a reward returns a finite number.")
             total += weight * float(value)
         totals.append(total)
     return totals

@@ -14,6 +14,7 @@ group's processor, padded (default) or packed, like SFT rows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,11 +22,16 @@ from typing import Any
 from twinkle.sampler.types import SampleResult
 
 
-def _numbers(values: Sequence[Any], name: str, length: int) -> list[float]:
+def _numbers(values: Sequence[Any], name: str, length: int, finite: bool = True) -> list[float]:
     values = list(values.tolist() if hasattr(values, "tolist") else values)
     if len(values) != length:
         raise ValueError(f"Rollout.{name} has {len(values)} values for {length} completion tokens.")
-    return [float(v) for v in values]
+    out = [float(v) for v in values]
+    if finite and not all(map(math.isfinite, out)):
+        k = next(k for k, v in enumerate(out) if not math.isfinite(v))
+        raise ValueError(f"Rollout.{name}[{k}] (completion token {k}) is {out[k]}; {name} must be finite numbers "
+                         "(a NaN or inf would make the loss and every gradient of the step NaN).")
+    return out
 
 
 @dataclass
@@ -49,10 +55,10 @@ class Rollout(Mapping):
         n = len(self.completion_ids)
         self.logprobs = _numbers(self.logprobs, "logprobs", n)
         if isinstance(self.advantages, (int, float)):
-            self.advantages = [float(self.advantages)] * n
+            self.advantages = _numbers([self.advantages] * n, "advantages", n)
         else:
             self.advantages = _numbers(self.advantages, "advantages", n)
-        self.mask = [1] * n if self.mask is None else [int(bool(m)) for m in _numbers(self.mask, "mask", n)]
+        self.mask = [1] * n if self.mask is None else [int(bool(m)) for m in _numbers(self.mask, "mask", n, False)]
         pad = [0.0] * (len(self.prompt_ids) - 1)
         tokens = self.prompt_ids + self.completion_ids
         self._row = {"input_ids": tokens[:-1], "target_tokens": tokens[1:],
@@ -84,5 +90,21 @@ def rollouts_from_samples(results: Sequence[SampleResult], advantages: Sequence[
         raise ValueError(f"{len(values)} advantages for {len(samples)} samples; compute one per sampled sequence.")
     if rewards is not None and len(rewards) != len(samples):
         raise ValueError(f"{len(rewards)} rewards for {len(samples)} samples.")
-    return [Rollout(result.prompt, seq.tokens, seq.logprobs, float(a), reward=None if rewards is None else rewards[k])
-            for k, ((result, seq), a) in enumerate(zip(samples, values))]
+    rollouts = []
+    for k, ((result, seq), a) in enumerate(zip(samples, values)):
+        try:
+            rollouts.append(Rollout(result.prompt, seq.tokens, seq.logprobs, float(a),
+                                    reward=None if rewards is None else rewards[k]))
+        except ValueError as exc:
+            prompt, number = _position(results, k)
+            raise ValueError(f"sample {k} (prompt {prompt}, sequence {number}): {exc}") from None
+    return rollouts
+
+
+def _position(results: Sequence[SampleResult], index: int) -> tuple[int, int]:
+    """(prompt, sequence) of the ``index``-th sampled sequence in sampler order."""
+    for prompt, result in enumerate(results):
+        if index < len(result.sequences):
+            return prompt, index
+        index -= len(result.sequences)
+    raise IndexError(index)

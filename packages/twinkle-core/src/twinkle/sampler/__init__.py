@@ -5,7 +5,8 @@ training model's own weights, ``VLLMSampler`` (``twinkle-hf[vllm]``) on a vLLM e
 Both are resolved by name: ``resolve('sampler', 'TorchSampler')``.
 """
 
-from twinkle.sampler.base import Sampler, as_prompts, per_prompt_adapters
+from twinkle.sampler.base import Sampler, as_prompts, check_prompt_limits, per_prompt_adapters
 from twinkle.sampler.types import SampledSequence, SampleResult, SamplingParams
 
-__all__ = ["SampleResult", "SampledSequence", "Sampler", "SamplingParams", "as_prompts", "per_prompt_adapters"]
+__all__ = ["SampleResult", "SampledSequence", "Sampler", "SamplingParams", "as_prompts", "check_prompt_limits",
+           "per_prompt_adapters"]

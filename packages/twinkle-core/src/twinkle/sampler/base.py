@@ -63,6 +63,26 @@ def as_prompts(prompts: Prompts, what: str = "prompts") -> list[list[int]]:
     return out
 
 
+def check_prompt_limits(prompts: Sequence[Sequence[int]], *, vocab_size: int | None, max_positions: int | None,
+                        max_tokens: int = 0, what: str = "prompts",
+                        positions_name: str = "max_position_embeddings") -> None:
+    """Refuse token ids beyond the model's vocabulary and prompts (plus ``max_tokens``) beyond its positions.
+
+    Without the first check an id past the embedding fails deep in the forward (an IndexError, or a
+    device-side assert on a GPU); without the second a model samples past the positions it was
+    trained for without a word. ``None`` skips a check (the model does not say).
+    """
+    for i, prompt in enumerate(prompts):
+        if vocab_size is not None and prompt and max(prompt) >= vocab_size:
+            k, token = next((k, t) for k, t in enumerate(prompt) if t >= vocab_size)
+            raise ValueError(f"{what}[{i}] holds token id {token} at position {k}, outside the model's vocabulary "
+                             f"(ids 0..{vocab_size - 1}); encode prompts with this model's tokenizer.")
+        if max_positions is not None and len(prompt) + max_tokens > max_positions:
+            asked = f"{len(prompt)} tokens + max_tokens {max_tokens}" if max_tokens else f"{len(prompt)} tokens"
+            raise ValueError(f"{what}[{i}] needs {len(prompt) + max_tokens} positions ({asked}) but the model has "
+                             f"{max_positions} ({positions_name}); shorten the prompt or lower max_tokens.")
+
+
 def per_prompt_adapters(adapter_name: Adapters, count: int) -> list[str | None]:
     """One adapter name per prompt from a single name or a list."""
     if adapter_name is None or isinstance(adapter_name, str):

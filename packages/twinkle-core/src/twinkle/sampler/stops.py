@@ -29,14 +29,17 @@ def _string_end(tokens: list[int], stop_strings: Sequence[str], decode: Decode) 
 
 def finish(tokens: Sequence[int], logprobs: Sequence[float], stop_token_ids: Sequence[int],
            stop_strings: Sequence[str] = (), decode: Decode | None = None) -> SampledSequence:
-    """Cut a generated row after its first stop (the stop token or the token completing a stop string is kept)."""
-    tokens, logprobs = [int(t) for t in tokens], [float(x) for x in logprobs]
+    """Cut a generated row after its first stop (the stop token or the token completing a stop string is kept).
+
+    ``tokens``/``logprobs`` are plain lists (``tensor.tolist()``); the text is decoded when first read.
+    """
+    tokens, logprobs = list(tokens), list(logprobs)
     end, reason = len(tokens), "length"
-    stops = set(stop_token_ids)
-    for k, token in enumerate(tokens):
-        if token in stops:
+    if stop_token_ids:
+        stops = set(stop_token_ids)
+        k = next((k for k, token in enumerate(tokens) if token in stops), None)
+        if k is not None:
             end, reason = k + 1, "stop"
-            break
     if stop_strings:
         if decode is None:
             raise ValueError("Stop strings need a tokenizer to decode the samples; give the sampler one "
@@ -44,5 +47,6 @@ def finish(tokens: Sequence[int], logprobs: Sequence[float], stop_token_ids: Seq
         cut = _string_end(tokens[:end], stop_strings, decode)
         if cut is not None:
             end, reason = cut, "stop"
-    tokens, logprobs = tokens[:end], logprobs[:end]
-    return SampledSequence(tokens, logprobs, reason, decode(tokens) if decode is not None else None)
+    if end < len(tokens):
+        tokens, logprobs = tokens[:end], logprobs[:end]
+    return SampledSequence(tokens, logprobs, reason, decode=decode)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from twinkle.utils.checks import check_int
 
@@ -71,18 +71,47 @@ class SamplingParams:
         return self.top_k if self.top_k > 0 else None
 
 
-@dataclass
 class SampledSequence:
     """One completion: its tokens (a stop token included), their log-probabilities and why it ended.
 
     ``logprobs[i]`` is the log-probability of ``tokens[i]`` under the model's distribution (temperature
-    1, no top-k/top-p filter), the quantity a policy-gradient loss compares against.
+    1, no top-k/top-p filter), the quantity a policy-gradient loss compares against. ``text`` is the
+    decoded completion; a sampler may pass ``decode=`` instead, and the text is then decoded on first
+    read (sampling itself never waits for a tokenizer).
     """
 
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: StopReason
-    text: str | None = None
+    __slots__ = ("tokens", "logprobs", "stop_reason", "_text", "_decode")
+
+    def __init__(self, tokens: list[int], logprobs: list[float], stop_reason: StopReason, text: str | None = None,
+                 *, decode: Callable[[list[int]], str] | None = None) -> None:
+        self.tokens = tokens
+        self.logprobs = logprobs
+        self.stop_reason = stop_reason
+        self._text = text
+        self._decode = decode if text is None else None
+
+    @property
+    def text(self) -> str | None:
+        if self._decode is not None:
+            self._text, self._decode = self._decode(self.tokens), None
+        return self._text
+
+    @text.setter
+    def text(self, value: str | None) -> None:
+        self._text, self._decode = value, None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SampledSequence):
+            return NotImplemented
+        return (self.tokens, self.logprobs, self.stop_reason, self.text) == \
+            (other.tokens, other.logprobs, other.stop_reason, other.text)
+
+    def __repr__(self) -> str:
+        return (f"SampledSequence(tokens={self.tokens!r}, logprobs={self.logprobs!r}, "
+                f"stop_reason={self.stop_reason!r}, text={self.text!r})")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (Ray, the server) carry the text, not the tokenizer
+        return SampledSequence, (self.tokens, self.logprobs, self.stop_reason, self.text)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from twinkle.constants import IGNORE_INDEX, TRUNCATION_STRATEGIES
 from twinkle.template.base import Template, load_tokenizer
 from twinkle.template.chatml import ChatMLTemplate
 from twinkle.template.deepseek import DeepSeekR1Template, DeepSeekV4Template
+from twinkle.template.internvl import InternVL2_5Template
 from twinkle.template.llama import Llama3Template
 from twinkle.template.others import GLM4Template, InternLM2Template, MistralTemplate, YiTemplate
 from twinkle.template.qwen import Qwen2_5Template, Qwen3_5Template, Qwen3Template
@@ -22,6 +23,7 @@ __all__ = [
     "DeepSeekV4Template",
     "GLM4Template",
     "InternLM2Template",
+    "InternVL2_5Template",
     "Llama3Template",
     "MistralTemplate",
     "Qwen2VLTemplate",

@@ -77,3 +77,29 @@ QWEN_VL = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
+
+# InternVL 2.5 conversation format (its "internvl2_5" template: ChatML with InternVL's default system prompt when
+# the conversation has none). An image part becomes the context placeholder on its own line; the processor
+# expands it into <img> + <IMG_CONTEXT> x (tiles x tokens per tile) + </img>.
+INTERNVL2_5_SYSTEM = ("你是书生·万象，英文名是InternVL，是由上海人工智能实验室、清华大学及多家合作单位联合开发的"
+                      "多模态大语言模型。")
+INTERNVL2_5 = (
+    "{%- macro render(content) -%}"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- else -%}{%- for part in content -%}"
+    "{%- if part['type'] == 'image' -%}{{- '<IMG_CONTEXT>\\n' -}}"
+    "{%- elif part['type'] == 'video' -%}{{- '<video>\\n' -}}"
+    "{%- else -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- if messages[0]['role'] != 'system' -%}"
+    "{{- '<|im_start|>system\\n" + INTERNVL2_5_SYSTEM + "<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- generation -%}{{- render(message['content']) + '<|im_end|>' -}}{%- endgeneration -%}{{- '\\n' -}}"
+    "{%- else -%}{{- render(message['content']) + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)

@@ -46,6 +46,8 @@ class VLTemplate(Template):
     fallback_chat_template = chat_templates.QWEN_VL
     #: why padding_free packing is refused for this family (formatted with the template's name)
     packing_refusal: ClassVar[str] = QWEN_VL_PACKING
+    #: why rows with videos are refused for this family (None: videos are taken)
+    video_refusal: ClassVar[str | None] = None
 
     def __init__(self, model_id: str | None = None, max_length: int | None = None, truncation_strategy: str = "raise",
                  *, processor: Any = None, **kwargs: Any) -> None:
@@ -89,6 +91,10 @@ class VLTemplate(Template):
 
         return MediaCollator(self.processor, self.packing_refusal.format(name=type(self).__name__))
 
+    def _check_media(self, media: dict[str, list[Any]]) -> None:
+        if media["videos"] and self.video_refusal is not None:
+            raise DataError(f"the row has a video: {self.video_refusal}")
+
     def extra_features(self) -> dict[str, Any]:
         """The columns an encoded row holds besides the token ones."""
         from twinkle.multimodal.media import media_features
@@ -130,6 +136,7 @@ class VLTemplate(Template):
                                        if isinstance(row, Mapping) else None}, index)
             conv.messages = place_tags(conv.messages, len(images), len(videos))
             media = stored_media(images, videos)
+            self._check_media(media)
         except DataError as exc:
             message = str(exc)
             raise DataError(message if message.startswith("row ") else f"row {index}: {message}") from None

@@ -40,8 +40,9 @@ def auto_resume(trainer: Any, loader: Any) -> tuple[dict[str, Any], Path | None]
                            path.name, exc)
             continue
         try:
-            progress = trainer.model.resume_from_checkpoint(str(path / store.MODEL_SUBDIR),
-                                                            adapter_name=trainer.adapter)
+            progress = trainer.model.resume_from_checkpoint(
+                str(path / store.MODEL_SUBDIR), adapter_name=trainer.adapter,
+                skip_checkpoint_validation=trainer.config.skip_checkpoint_validation)
         except Exception as exc:  # any load failure is damage: a raw error must not end the run here
             failed.append(f"{path.name}: {type(exc).__name__}: {exc}")
             logger.warning("auto_resume: checkpoint %s is damaged (%s: %s); falling back to the previous one.",
@@ -82,7 +83,8 @@ def load_checkpoint(trainer: Any, loader: Any, path: Path, total: int) -> tuple[
     group = model.optimizer_group[trainer._group_name()]
     fresh = None if flags.everything else copy.deepcopy(group.optimizer.state_dict())
     rng = None if flags.load_rng else capture_rng_state()
-    progress = model.resume_from_checkpoint(str(path / store.MODEL_SUBDIR), adapter_name=trainer.adapter)
+    progress = model.resume_from_checkpoint(str(path / store.MODEL_SUBDIR), adapter_name=trainer.adapter,
+                                            skip_checkpoint_validation=trainer.config.skip_checkpoint_validation)
     optimizer = group.optimizer
     if not flags.load_optimizer_states or not flags.load_optimizer_args:
         loaded = optimizer.state_dict()

@@ -125,8 +125,8 @@ def complete_checkpoints(root: Path, checksums: bool = False) -> list[tuple[int,
     return result
 
 
-def rotate(root: Path, maxkeep: int | None, protect: Path | None = None) -> list[Path]:
-    """Delete the oldest complete checkpoints beyond ``maxkeep`` (never the newest, never ``protect``: the one
-    just written, which counts among the kept); return what went. Damaged checkpoints are left for a human."""
-    return rotate_family([path for _, path in complete_checkpoints(root)], maxkeep, written=protect)
+def rotate(root: Path, maxkeep: int | None, written: Path | None = None) -> list[Path]:
+    """Delete the oldest complete checkpoints beyond ``maxkeep`` (never the newest, never ``written``: the one
+    just saved, which counts among the kept); return what went. Damaged checkpoints are left for a human."""
+    return rotate_family([path for _, path in complete_checkpoints(root)], maxkeep, written=written)
 

@@ -359,7 +359,7 @@ class Trainer:
         if self.config.async_checkpoint:  # one save in flight: the previous one completes first
             self._finish_pending()
             self._pending = store.begin_checkpoint(self.ckpt_root, step, save_model, state, name=name)
-            self._pending.event, self._pending.total = event, total
+            self._pending.event, self._pending.total, self._pending.step = event, total, step
             return self._pending.final
         path = store.write_checkpoint(self.ckpt_root, step, save_model, state, name=name)
         if not snapshot:
@@ -378,7 +378,7 @@ class Trainer:
 
     def _rotate(self, written: Path) -> None:
         if self.is_main:
-            for gone in store.rotate(self.ckpt_root, self.config.checkpoint_maxkeep, protect=written):
+            for gone in store.rotate(self.ckpt_root, self.config.checkpoint_maxkeep, written=written):
                 logger.info("rotated out %s", gone.name)
 
     def _evaluate(self, eval_set: Any, step: int, tracker: Any, total: int) -> dict[str, float]:

@@ -21,6 +21,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import ModulesToSaveWrapper
 
 from twinkle.engine import Route
+from twinkle.hub import portable_id
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle_hf.model.meta import adapters_stay_real, hold_frozen_in
 from twinkle_hf.model.vision import adapter_config
@@ -122,7 +123,7 @@ class PeftAdapters:
 
     def write(self, group: OptimizerGroup, state: dict[str, torch.Tensor], directory: Path) -> None:
         """The flat PEFT adapter directory from ``state`` (full tensors)."""
-        write_adapter(state, self.backend.module.peft_config[group.name], directory)
+        write_adapter(state, self.backend.module.peft_config[group.name], directory, portable_id(self.backend.model_id))
 
     def load(self, group: OptimizerGroup, directory: Path) -> None:
         """An adapter directory's weights into the group's adapter (each rank its shard once wrapped)."""

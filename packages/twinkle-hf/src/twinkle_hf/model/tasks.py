@@ -8,16 +8,23 @@ twinkle computes the loss itself.
 ``fused_lm_ce`` runs the backbone and hands the hidden states and the lm_head weight to
 ``LigerFusedLinearCrossEntropyLoss``, so the (batch, seq, vocab) logits never exist.
 ``embedding`` runs the backbone without the LM head and pools the last hidden states into one
-vector per row: ``mean`` over real tokens (BERT-style encoders such as MiniLM/GTE), ``last`` real
-token (decoder embedders such as Qwen3-Embedding) or ``cls``. By default decoders pool ``last`` and
-encoders ``mean``. The result is ``{'embeddings': (rows, hidden), 'last_hidden_state': ...}``.
+vector per row: ``mean`` over real tokens, ``last`` real token or ``cls`` (the first token). Each
+family pools its own way, and says which in the sentence-transformers files beside its weights
+(``modules.json`` -> ``1_Pooling/config.json``): Qwen3-Embedding the last token (the end-of-text token
+its tokenizer appends), GTE (``thenlper/gte-*-zh``) the ``[CLS]`` token, all-MiniLM the mean. That
+choice is read from the model's directory (:func:`family_pooling`); a model without those files pools
+``last`` when it is a decoder and ``mean`` when it is an encoder; ``pooling=`` overrides both. The
+result is ``{'embeddings': (rows, hidden), 'last_hidden_state': ...}``; the vectors are not normalised
+(InfoNCE takes cosines; normalise them yourself to compare with a family's normalised output).
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -95,8 +102,63 @@ def run_task(model: torch.nn.Module, hf_model: torch.nn.Module, task: str, batch
 
 
 def _pooled(hidden: torch.Tensor, batch: Mapping[str, Any], pooling: str | None, backbone: torch.nn.Module) -> Any:
-    pooling = pooling or ("last" if is_causal_model(backbone) else "mean")
+    pooling = pooling or family_pooling(backbone) or ("last" if is_causal_model(backbone) else "mean")
     return {"embeddings": pool(hidden, batch.get("attention_mask"), pooling), "last_hidden_state": hidden}
+
+
+#: sentence-transformers' pooling flags (``1_Pooling/config.json``) -> twinkle's pooling
+_ST_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
+_ST_NAMES = {"cls": "cls", "mean": "mean", "lasttoken": "last"}
+_UNREAD = object()
+
+
+def family_pooling(model: torch.nn.Module) -> str | None:
+    """The pooling a model's own sentence-transformers config names, read once from the directory it was
+    loaded from (``modules.json``'s Pooling module, else ``1_Pooling/config.json``); None without one.
+
+    A pooling twinkle does not implement (``max``, ``weightedmean``...) is an error naming it.
+    """
+    cached = getattr(model, "_twinkle_pooling", _UNREAD)
+    if cached is not _UNREAD:
+        return cached
+    found = read_pooling_config(getattr(model, "name_or_path", None) or "")
+    model.__dict__["_twinkle_pooling"] = found  # a plain attribute: not a parameter, never saved
+    return found
+
+
+def read_pooling_config(directory: str | Path) -> str | None:
+    """``cls``, ``mean`` or ``last`` from a sentence-transformers model directory; None when it has no pooling."""
+    root = Path(directory)
+    if not str(directory) or not root.is_dir():
+        return None
+    folder = "1_Pooling"
+    modules = _read_json(root / "modules.json")
+    if isinstance(modules, list):
+        folder = next((m.get("path") for m in modules if isinstance(m, dict)
+                       and str(m.get("type", "")).endswith("Pooling")), folder)
+    config = _read_json(root / folder / "config.json")
+    if not isinstance(config, dict):
+        return None
+    if isinstance(config.get("pooling_mode"), str):  # newer sentence-transformers write the mode by name
+        mode = config["pooling_mode"]
+        if mode not in _ST_NAMES:
+            raise ValueError(f"{root}: the model pools with {mode!r} ({folder}/config.json); twinkle pools "
+                             f"{', '.join(POOLINGS)}: pass forward(..., pooling=...) to choose one.")
+        return _ST_NAMES[mode]
+    chosen = [flag for flag, value in config.items() if flag.startswith("pooling_mode_") and value is True]
+    if not chosen:
+        return None
+    if len(chosen) > 1 or chosen[0] not in _ST_MODES:
+        raise ValueError(f"{root}: the model pools with {chosen} ({folder}/config.json); twinkle pools "
+                         f"{', '.join(POOLINGS)}: pass forward(..., pooling=...) to choose one.")
+    return _ST_MODES[chosen[0]]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def _hidden_through_root(model: torch.nn.Module, hf_model: torch.nn.Module, batch: Mapping[str, Any]) -> Any:

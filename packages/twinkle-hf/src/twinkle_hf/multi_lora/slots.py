@@ -30,6 +30,7 @@ from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import check_target_module_exists
 
 from twinkle.engine import Route
+from twinkle.hub import portable_id
 from twinkle.model.lora_targets import with_default_targets
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multi_lora import LoraTenant, TenantSpec
@@ -200,7 +201,7 @@ class LoraSlots:
         from twinkle_hf.model.weights import write_adapter
 
         return functools.partial(write_adapter, state, copy.deepcopy(self.configs[group.name]),
-                                 base_model_path=self.backend.model_path)
+                                 base_model_path=portable_id(self.backend.model_id))
 
     def load(self, group: OptimizerGroup, directory: Path) -> None:
         from twinkle_hf.multi_lora.tenant_io import config_fits, load_tenant, read_tenant_config

@@ -11,7 +11,7 @@ the request's :class:`~twinkle.sampler.SamplingParams` shape the sampling.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
@@ -21,7 +21,14 @@ from transformers import GenerationConfig
 from twinkle.engine import Route
 from twinkle.loss.token_inputs import gather_logprobs
 from twinkle.model.optimizer_group import OptimizerGroup
-from twinkle.sampler import Sampler, SampleResult, SamplingParams, as_prompts, per_prompt_adapters
+from twinkle.sampler import (
+    Sampler,
+    SampleResult,
+    SamplingParams,
+    as_prompts,
+    check_prompt_limits,
+    per_prompt_adapters,
+)
 from twinkle.sampler.base import Adapters, Prompts
 from twinkle.sampler.stops import finish
 from twinkle_hf.model.backend import HFBackend
@@ -40,6 +47,7 @@ class TorchSampler(Sampler):
                             f"{type(model).__name__}.")
         self.model = model
         self._tokenizer = tokenizer
+        self._modules: tuple[Any, list[torch.nn.Module]] | None = None  # (structure key, every submodule)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -58,6 +66,7 @@ class TorchSampler(Sampler):
         prompts = as_prompts(prompts)
         groups = self._groups(adapter_name, len(prompts))
         self._check_length(max(map(len, prompts)) + params.max_tokens)
+        self._check_prompts(prompts, params.max_tokens, "prompts")
         results: list[SampleResult | None] = [None] * len(prompts)
         with self._inference():
             for indices in self._batches(groups):
@@ -74,6 +83,7 @@ class TorchSampler(Sampler):
         sequences = as_prompts(sequences, "sequences")
         groups = self._groups(adapter_name, len(sequences))
         self._check_length(max(map(len, sequences)))
+        self._check_prompts(sequences, 0, "sequences")
         out: list[list[float | None] | None] = [None] * len(sequences)
         with self._inference():
             for indices in self._batches(groups, reference):
@@ -130,19 +140,30 @@ class TorchSampler(Sampler):
         """Eval mode without gradients, under the model's lock when it has one; the training mode is restored."""
         with self.model.lock:
             module = self.model.model
-            training = module.training
-            module.train(False)
-            try:
-                with torch.no_grad():
-                    yield
-            finally:
-                module.train(training)
+            with torch.no_grad(), _eval_mode(module, self.model.backend.hf_model(), self._submodules(module)):
+                yield
+
+    def _submodules(self, module: torch.nn.Module) -> list[torch.nn.Module]:
+        """Every submodule of ``module``, listed once per structure: the list is made again when the root
+        module, the model's groups (adapters inject layers) or its patches change."""
+        key = (id(module), tuple(self.model.optimizer_group), len(getattr(self.model, "patches", ())))
+        if self._modules is None or self._modules[0] != key:
+            self._modules = (key, list(module.modules()))
+        return self._modules[1]
 
     def _check_length(self, tokens: int) -> None:
         limit = getattr(self.model, "max_length", None)
         if limit is not None and tokens > limit:
             raise ValueError(f"Prompt plus max_tokens reach {tokens} tokens but the model was built with "
                              f"max_length={limit}; shorten the prompts or lower max_tokens.")
+
+    def _check_prompts(self, prompts: list[list[int]], max_tokens: int, what: str) -> None:
+        """Token ids inside the embedding, and prompt + max_tokens within the model's positions."""
+        backend = self.model.backend
+        config = backend.hf_model().config
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        check_prompt_limits(prompts, vocab_size=backend.vocab_size, max_tokens=max_tokens, what=what,
+                            max_positions=getattr(text, "max_position_embeddings", None))
 
     # ------------------------------------------------------------------ generation
     def _eos_ids(self) -> list[int]:
@@ -161,7 +182,7 @@ class TorchSampler(Sampler):
         attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
         stop_ids = params.stop_token_ids(self._eos_ids())
         options: dict[str, Any] = dict(max_new_tokens=params.max_tokens, pad_token_id=pad, do_sample=not params.greedy,
-                                       eos_token_id=stop_ids or None, output_logits=True, return_dict_in_generate=True)
+                                       eos_token_id=stop_ids or None)
         if not params.greedy:
             options.update(temperature=float(params.temperature), top_p=float(params.top_p),
                            top_k=params.top_k_or_none or 0)
@@ -178,6 +199,7 @@ class TorchSampler(Sampler):
                 torch.manual_seed(params.seed)
             stack.enter_context(self._adapters(groups, reference=False))
             stack.enter_context(backend.precision.autocast())
+            steps = stack.enter_context(_sampled_logprobs(hf))
             hf.generation_config = GenerationConfig()  # only the request's parameters shape the sampling
             try:
                 out = model.model.generate(input_ids=input_ids, attention_mask=attention_mask,
@@ -185,8 +207,8 @@ class TorchSampler(Sampler):
                                            synced_gpus=bool(backend.dist_plan.sharded), **extra)
             finally:
                 hf.generation_config = saved_config
-        generated = out.sequences[:, width:]
-        logprobs = gather_logprobs(torch.stack(out.logits, dim=1)[:, :generated.shape[1]], generated)
+        generated = out[:, width:]
+        logprobs = steps.result(generated)
         decode = self._decoder()
         return [finish(tokens, values, stop_ids, params.stop_strings, decode)
                 for tokens, values in zip(generated.tolist(), logprobs.tolist())]
@@ -209,3 +231,88 @@ class TorchSampler(Sampler):
             logits = backend.run_unwrapped("causal_lm", batch, None).logits
         values = gather_logprobs(logits[:, :-1], batch["input_ids"][:, 1:]).tolist()
         return [[None] + values[k][:len(r) - 1] for k, r in enumerate(rows)]
+
+
+@contextmanager
+def _sampled_logprobs(hf_model: torch.nn.Module) -> Iterator[_StepLogprobs]:
+    """Inside the block, the log-probability of every token ``generate`` samples with ``hf_model``, step by step.
+
+    A forward hook reads each forward's last-position logits (what generate samples from) and, at the next
+    forward, the token sampled from them (that forward's last input id): only one step's logits are held,
+    so nothing grows with the number of steps. (Asking ``generate`` for ``output_logits`` keeps every
+    step's logits alive, and with ``return_dict_in_generate`` the KV cache too: about 5% of a call here.)
+    """
+    record = _StepLogprobs()
+    handle = hf_model.register_forward_hook(record, with_kwargs=True)
+    try:
+        yield record
+    finally:
+        handle.remove()
+
+
+class _StepLogprobs:
+    """The forward hook of :func:`_sampled_logprobs`."""
+
+    def __init__(self) -> None:
+        self.values: list[torch.Tensor] = []
+        self.last: torch.Tensor | None = None
+
+    def __call__(self, module: torch.nn.Module, args: Any, kwargs: Mapping[str, Any], output: Any) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if self.last is not None and isinstance(ids, torch.Tensor):
+            self.values.append(token_logprobs(self.last, ids[:, -1]))
+        logits = output["logits"] if isinstance(output, Mapping) else getattr(output, "logits", output)
+        self.last = logits[:, -1]
+
+    def result(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(rows, steps) log-probabilities of ``tokens`` (the generated ids); forwards after the last token
+        (deferred stop checks, ``synced_gpus`` peers) are ignored."""
+        steps = tokens.shape[1]
+        if not steps:
+            return tokens.new_zeros(tokens.shape, dtype=torch.float32)
+        if len(self.values) < steps and self.last is not None:  # the last token: no forward came after it
+            self.values.append(token_logprobs(self.last, tokens[:, len(self.values)]))
+        return torch.stack(self.values[:steps], dim=1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``log softmax(logits)[token]`` per row: one fused log-softmax of the row, then the token's entry.
+
+    (Half the CPU time of ``logit - logsumexp``, which the losses' ``gather_logprobs`` computes; the two
+    agree to float32 rounding.)
+    """
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, None].long()).squeeze(-1)
+
+
+def sampled_logprobs(step_logits: Sequence[torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+    """``log p(token)`` of every generated token (rows, steps) from each step's raw logits."""
+    if tokens.shape[1] == 0:
+        return tokens.new_zeros(tokens.shape, dtype=torch.float32)
+    return torch.stack([token_logprobs(step_logits[k], tokens[:, k]) for k in range(tokens.shape[1])], dim=1)
+
+
+@contextmanager
+def _eval_mode(module: torch.nn.Module, hf_model: Any, submodules: Sequence[torch.nn.Module] | None = None
+               ) -> Iterator[None]:
+    """``module`` in eval mode for the block, then every submodule's flag as it was.
+
+    Setting the flags directly is ``module.train(False)`` without its recursive calls (what it costs
+    matters per sample call); a model using hub kernels, whose ``train()`` swaps them, goes through it.
+    ``submodules``: ``module.modules()`` listed beforehand.
+    """
+    if getattr(hf_model, "use_kernels", False):
+        training = module.training
+        module.train(False)
+        try:
+            yield
+        finally:
+            module.train(training)
+        return
+    switched = [m for m in (submodules if submodules is not None else module.modules()) if m.training]
+    for m in switched:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.training = True

@@ -35,7 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.log import get_logger
-from twinkle.sampler import SampledSequence, Sampler, SampleResult, SamplingParams, as_prompts, per_prompt_adapters
+from twinkle.sampler import (
+    SampledSequence,
+    Sampler,
+    SampleResult,
+    SamplingParams,
+    as_prompts,
+    check_prompt_limits,
+    per_prompt_adapters,
+)
 from twinkle.sampler.base import Adapters, Prompts
 
 #: vLLM refuses to pickle anything across its engine-process boundary (``apply_model``'s callback) without it
@@ -147,6 +155,7 @@ class VLLMSampler(Sampler):
         params = sampling_params if sampling_params is not None else SamplingParams()
         prompts = as_prompts(prompts)
         names = per_prompt_adapters(adapter_name, len(prompts))
+        self._check_prompts(prompts, params.max_tokens, "prompts")
         outputs = self.engine.generate([{"prompt_token_ids": p} for p in prompts],
                                        sampling_params=self.api.sampling_params(**sampling_kwargs(params)),
                                        lora_request=self._lora_requests(names), use_tqdm=False)
@@ -157,10 +166,21 @@ class VLLMSampler(Sampler):
                          reference: bool = False) -> list[list[float | None]]:
         sequences = as_prompts(sequences, "sequences")
         names = [None] * len(sequences) if reference else per_prompt_adapters(adapter_name, len(sequences))
+        self._check_prompts(sequences, 0, "sequences")
         outputs = self.engine.generate([{"prompt_token_ids": s} for s in sequences],
                                        sampling_params=self.api.sampling_params(max_tokens=1, prompt_logprobs=0),
                                        lora_request=self._lora_requests(names), use_tqdm=False)
         return [prompt_logprobs(output, seq) for output, seq in zip(outputs, sequences)]
+
+    def _check_prompts(self, prompts: list[list[int]], max_tokens: int, what: str) -> None:
+        """The engine's vocabulary and context length (``llm_engine.model_config``), checked before a request
+        reaches it, with twinkle's messages (an engine that does not say is left to refuse on its own)."""
+        config = getattr(getattr(self.engine, "llm_engine", None), "model_config", None)
+        if config is None:
+            return
+        vocab = config.get_vocab_size() if callable(getattr(config, "get_vocab_size", None)) else None
+        check_prompt_limits(prompts, vocab_size=vocab, max_positions=getattr(config, "max_model_len", None),
+                            max_tokens=max_tokens, what=what, positions_name="the engine's max_model_len")
 
     def _lora_requests(self, names: Iterable[str | None]) -> list[Any]:
         requests = []

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from twinkle import collective
+from twinkle.hub import portable_id
 from twinkle_megatron.bridge.hf_io import tensor_bytes, write_index, write_part
 from twinkle_megatron.bridge.transfer import export_from
 from twinkle_megatron.lora.peft_io import adapter_config, write_adapter
@@ -71,5 +72,4 @@ def write_adapter_dir(backend: Any, tensors: dict[str, torch.Tensor], config: An
     merged: dict[str, torch.Tensor] = {}
     for piece in pieces:
         merged.update(piece)
-    base = backend.model_id if isinstance(backend.model_id, str) else None
-    write_adapter(directory, merged, adapter_config(config, suffixes, base))
+    write_adapter(directory, merged, adapter_config(config, suffixes, portable_id(backend.model_id)))
