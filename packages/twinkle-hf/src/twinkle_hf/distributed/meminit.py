@@ -46,6 +46,18 @@ def load_rank0_only(model_cls: Any, model_id: str | None, config: Any, kwargs: d
     return model, path
 
 
+def share_rank0_generator() -> None:
+    """Every rank continues from rank 0's torch CPU generator.
+
+    In a plain build every rank loads the same way and ends with the same generator state. Here only rank 0
+    loaded (a random init draws from the generator, a meta build does not), so the other ranks take rank 0's
+    state: what is drawn next -- peft's init of adapters and multi-LoRA slots, which slots snapshot as their
+    initial weights at construction -- is rank 0's and a plain build's on every rank.
+    """
+    if collective.world_size() > 1:
+        torch.set_rng_state(collective.broadcast_object(torch.get_rng_state() if collective.rank() == 0 else None))
+
+
 def on_meta(model: torch.nn.Module) -> bool:
     return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
 

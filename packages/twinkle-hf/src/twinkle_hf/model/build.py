@@ -61,9 +61,10 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
             module, path = built
             weights_dir, rank0_only = path, False  # no rank loads the whole model at all
     if module is None and rank0_only:
-        from twinkle_hf.distributed.meminit import load_rank0_only
+        from twinkle_hf.distributed.meminit import load_rank0_only, share_rank0_generator
 
         module, path = load_rank0_only(model_cls, model_id, config, kwargs)
+        share_rank0_generator()  # what is drawn next (adapters' init) is what a plain build draws
     elif module is None:
         module, path = load_hf_model(model_cls, model_id, config, kwargs, strict=strict)
     if precision.provider is not None:

@@ -23,7 +23,7 @@ from twinkle.remote import remote_class
 from twinkle.utils.checks import check_int
 from twinkle_hf.model.adapters import check_targets
 from twinkle_hf.model.build import build_backend
-from twinkle_hf.model.checkpoint import HFCheckpointState
+from twinkle_hf.multi_lora.checkpoint import TenantCheckpointState
 from twinkle_hf.multi_lora.slots import LoraSlots
 
 
@@ -36,7 +36,7 @@ class MultiLoraTransformersModel(MultiTenantFacade):
     TransformersModel's.
     """
 
-    supports_async_save = False  # a tenant's adapter is a slice of the shared slots, small: written at once
+    supports_async_save = True  # host copies written by a thread of rank 0's, slot-agnostic (multi_lora/checkpoint.py)
 
     def __init__(self,  # noqa: D417
                  model_cls: Any = AutoModelForCausalLM,
@@ -58,11 +58,9 @@ class MultiLoraTransformersModel(MultiTenantFacade):
                  **kwargs: Any) -> None:
         for option, value in (("max_length", max_length), ("max_loras", max_loras), ("max_r", max_r)):
             check_int(value, option)
-        if memory_efficient_init:
-            raise ValueError("memory_efficient_init=True is not supported by MultiLoraTransformersModel yet "
-                             "(slots snapshot their initial weights at construction); leave it False.")
         backend = build_backend(model_cls, model_id, config, device_mesh, mixed_precision, strategy, ddp_config,
-                                fsdp_config, grad_scaler_config, False, strict_load, kwargs, meta_ok=False)
+                                fsdp_config, grad_scaler_config, memory_efficient_init, strict_load, kwargs,
+                                meta_ok=False)
         # a tenant leaves the other slots (and its untargeted layers) unused in every forward
         backend.ddp_config.setdefault("find_unused_parameters", True)
         slot_config = LoraConfig(r=max_r, lora_alpha=max_r, lora_dropout=0.0, target_modules=target_modules)
@@ -73,10 +71,11 @@ class MultiLoraTransformersModel(MultiTenantFacade):
         self.model_path = backend.model_path  # the local directory the weights came from (None: built from config)
         self.mixed_precision = mixed_precision
         self.strategy = strategy
+        self.memory_efficient_init = memory_efficient_init
         self.device_mesh = backend.device_mesh
         self.slot_config = slot_config
         self.slots = slots
-        checkpoints = CheckpointManager(HFCheckpointState(backend, supports_async=False), type(self).__name__)
+        checkpoints = CheckpointManager(TenantCheckpointState(backend), type(self).__name__)
         self._attach(backend, checkpoints, {})
         backend.groups = self.optimizer_group
         self._attach_tenants(slots, max_loras, max_r, slot_config, max_length)

@@ -15,8 +15,9 @@ The hook raises when called outside a route, so nothing ever falls back to some 
 from __future__ import annotations
 
 import copy
+import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,12 +98,15 @@ class LoraSlots:
 
     def create_slot(self, tenant: LoraTenant) -> None:
         """Add peft adapter ``tenant.adapter_name`` (rank max_r) and snapshot its initial weights."""
+        from twinkle_hf.model.meta import adapters_stay_real
+
         backend = self.backend
-        if not self.layers:
-            backend.module = get_peft_model(backend.module, tenant.config, adapter_name=tenant.adapter_name)
-            self._hook(self.lora_layers(backend.hf_model()))
-        else:
-            backend.module.add_adapter(tenant.adapter_name, tenant.config)
+        with adapters_stay_real(backend.module):  # memory_efficient_init: the base waits on meta for rank 0's weights
+            if not self.layers:
+                backend.module = get_peft_model(backend.module, tenant.config, adapter_name=tenant.adapter_name)
+                self._hook(self.lora_layers(backend.hf_model()))
+            else:
+                backend.module.add_adapter(tenant.adapter_name, tenant.config)
         self.snapshot(tenant.adapter_name)
 
     def complete_tenant_config(self, config: Any) -> Any:
@@ -190,9 +194,14 @@ class LoraSlots:
         return tenant_state_dict(self, self.specs[group.name])
 
     def write(self, group: OptimizerGroup, state: dict[str, torch.Tensor], directory: Path) -> None:
+        self.files_writer(group, state)(directory)
+
+    def files_writer(self, group: OptimizerGroup, state: dict[str, torch.Tensor]) -> Callable[[Path], None]:
+        """What :meth:`write` writes, bound now: a background write still runs after the tenant's release."""
         from twinkle_hf.model.weights import write_adapter
 
-        write_adapter(state, self.configs[group.name], directory, portable_id(self.backend.model_id))
+        return functools.partial(write_adapter, state, copy.deepcopy(self.configs[group.name]),
+                                 base_model_path=portable_id(self.backend.model_id))
 
     def load(self, group: OptimizerGroup, directory: Path) -> None:
         from twinkle_hf.multi_lora.tenant_io import config_fits, load_tenant, read_tenant_config
