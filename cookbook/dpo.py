@@ -4,7 +4,7 @@ Every pair answers the same question twice: the chosen answer is made of friendl
 rejected one of curt words (made in code below, with held-out pairs for evaluation). The reference
 policy is the base model under the adapter, switched off by the model itself (no second copy):
 
-    python cookbook/dpo.py            # ~15 s on 2 CPU cores: held-out accuracy 0.00 -> 1.00, margin 0 -> 1.6
+    ./dev run cookbook/dpo.py       # or python cookbook/dpo.py: held-out accuracy 0.00 -> 1.00, margin 0 -> 1.49
 
 Each step prints the loss, the chosen-minus-rejected margin of the implicit rewards
 ``beta * (log pi - log ref)`` and the preference accuracy. ``--loss ipo|simpo|orpo`` trains the other
@@ -17,7 +17,6 @@ import argparse
 import json
 import random
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -25,14 +24,12 @@ from peft import LoraConfig
 from tqdm import tqdm
 
 import twinkle
-from twinkle import get_logger
+from twinkle import get_logger, known_warnings
 from twinkle.model import TransformersModel
 from twinkle.template import Template
 
 logger = get_logger()
 TINY_MODEL = "twinkle://tiny-qwen"  # random weights: the learning is all DPO's
-warnings.filterwarnings("ignore", message=".*tie_word_embeddings=True.*", category=UserWarning)
-warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 QUESTIONS = ("Can you help me move?", "Will you join us?", "May I borrow a pen?", "Could you check this?",
              "Do you have a minute?", "Can we meet later?", "Would you read my draft?", "Can I ask something?")
 FRIENDLY = ("sure", "gladly", "of course", "happy to help", "with pleasure", "absolutely", "thank you", "yes please")
@@ -76,6 +73,7 @@ def margin_and_accuracy(model: TransformersModel) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    known_warnings.silence(args.model_id)  # dependencies' notes that do not apply here (see the module)
     twinkle.initialize(seed=args.seed)
     # data: the tokenizer's chat template renders each pair; held-out pairs come from other seeds
     template = Template(args.model_id)

@@ -12,19 +12,17 @@ seconds (what the tests run). The parallel layout comes only from the DeviceMesh
 from __future__ import annotations
 
 import argparse
-import warnings
 
 from peft import LoraConfig
 
 import twinkle
-from twinkle import DeviceMesh, get_logger
+from twinkle import DeviceMesh, get_logger, known_warnings
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.model import MegatronModel
 from twinkle.preprocessor import SelfCognitionProcessor
 
 logger = get_logger()
-warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def train(args: argparse.Namespace) -> str:
+    known_warnings.silence(args.model_id)  # dependencies' notes that do not apply here (see the module)
     mesh = DeviceMesh.from_sizes(dp_size=args.dp_size, tp_size=args.tp_size, pp_size=args.pp_size)
     twinkle.initialize(global_device_mesh=mesh, seed=args.seed)
     dataset = Dataset(dataset_meta=DatasetMeta(args.dataset_id, data_slice=range(args.train_samples)))

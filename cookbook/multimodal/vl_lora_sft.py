@@ -15,9 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from peft import LoraConfig
+from tqdm import tqdm
 
+import twinkle
+from twinkle import known_warnings
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.model import TransformersModel
@@ -38,11 +42,15 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--mixed-precision", default="no")
     parser.add_argument("--output-dir", default="output/vl_lora_sft")
+    parser.add_argument("--seed", type=int, default=0, help="the adapter's init (and a random base built from a config), the data order")
+    parser.add_argument("--results-json", default=None, help="also write the losses and the checkpoint to this file")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse()
+    known_warnings.silence(args.model_id)  # dependencies' notes that do not apply here (see the module)
+    twinkle.initialize(seed=args.seed)  # the adapter's init and the data order: the same run every time
     start = time.time()
     # data: rows with '<image>' tags and their images (PNG bytes); the template runs the model's processor
     rows = [{"messages": r["messages"], "images": r["images"]} for r in shape_rows(args.samples, seed=0)]
@@ -50,7 +58,7 @@ def main() -> None:
     dataset.set_template(args.template, model_id=args.model_id, max_length=1024, truncation_strategy="delete")
     dataset.map(MessagesProcessor())
     dataset.encode()
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, seed=args.seed)
 
     # model: the image-text-to-text class is read from the config; LoRA on the language model
     model = TransformersModel(model_id=args.model_id, mixed_precision=args.mixed_precision)
@@ -60,20 +68,23 @@ def main() -> None:
                                                 modules_to_save=["lm_head"] if tiny else None))
     model.set_optimizer("AdamW", lr=args.lr)
 
-    losses, step = [], 0
-    for _ in range(args.epochs):
+    total = args.epochs * len(loader) if not args.max_steps else min(args.max_steps, args.epochs * len(loader))
+    losses: list[float] = []
+    bar = tqdm(total=total, desc="vl_lora_sft", dynamic_ncols=True)
+    while len(losses) < total:
         for batch in loader:
-            losses.append(float(model.forward_backward(inputs=batch)))  # a LazyFloat, read once per step (printed)
+            losses.append(float(model.forward_backward(inputs=batch)))  # a LazyFloat, read once per step (shown)
             model.clip_grad_and_step()
-            step += 1
-            print(json.dumps({"step": step, "loss": round(losses[-1], 4)}), flush=True)
-            if args.max_steps and step >= args.max_steps:
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if len(losses) >= total:
                 break
-        if args.max_steps and step >= args.max_steps:
-            break
-    path = model.save("final", output_dir=args.output_dir)
-    print(json.dumps({"first_loss": losses[0], "last_loss": losses[-1], "steps": step,
-                      "seconds": round(time.time() - start, 1), "checkpoint": path}))
+    bar.close()
+    path = str(Path(model.save("final", output_dir=args.output_dir)).resolve())
+    seconds = round(time.time() - start, 1)
+    print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f} in {len(losses)} steps ({seconds} s); adapter: {path}")
+    if args.results_json:
+        Path(args.results_json).write_text(json.dumps({"losses": losses, "seconds": seconds, "checkpoint": path}))
 
 
 if __name__ == "__main__":

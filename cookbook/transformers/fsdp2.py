@@ -16,13 +16,15 @@ exactly (model, optimizer, scheduler, RNG and the data position). Every option: 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from peft import LoraConfig
 from torch.optim import Muon
+from tqdm import tqdm
 
 import twinkle
-from twinkle import DeviceMesh, get_device_placement, get_logger
+from twinkle import DeviceMesh, get_device_placement, get_logger, known_warnings
 from twinkle.cli import CLI
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
@@ -57,6 +59,7 @@ def save(model: TransformersModel, name: str, loader: DataLoader) -> str:
 
 
 def main() -> str:
+    known_warnings.silence(args.model.model_id)  # dependencies' notes that do not apply here (see the module)
     mesh = DeviceMesh.from_sizes(fsdp_size=args.infra.fsdp_size, dp_size=args.infra.dp_size)
     twinkle.initialize(mode=args.infra.mode, global_device_mesh=mesh, seed=args.training.seed)
     rows, eval_rows = args.training.train_samples, args.training.eval_samples
@@ -84,12 +87,15 @@ def main() -> str:
     logger.info(model.get_train_configs())
 
     group, best = model.optimizer_group[args.lora.adapter_name], math.inf
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    bar = tqdm(total=total_steps, initial=group.cur_step, desc="fsdp2", dynamic_ncols=True, disable=not main_rank)
     for batch in loader:
         model.forward_backward(batch)
         model.clip_grad_and_step(max_grad_norm=args.optimizer.max_grad_norm)
         step = group.cur_step
         if group.micro_step or step == 0:  # inside an accumulation window
             continue
+        bar.update(step - bar.n)
         if step % args.training.log_interval == 0:
             logger.info("step %d/%d: %s", step, total_steps, model.calculate_metric(is_training=True))
         if step % args.training.eval_interval == 0:
@@ -98,6 +104,7 @@ def main() -> str:
             if metrics["loss"] < best:  # every rank saves: the shards come from all of them
                 best = metrics["loss"]
                 save(model, f"checkpoint-{step}", loader)
+    bar.close()
     path = save(model, "last-checkpoint", loader)
     logger.info("last checkpoint: %s", path)
     return path

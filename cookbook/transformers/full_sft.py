@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from twinkle.cli.train_cmd import progress
 from twinkle.trainer import Trainer, TrainerConfig
 
 
@@ -62,7 +63,10 @@ def build_config(args: argparse.Namespace) -> TrainerConfig:
 
 
 def main(argv: list[str] | None = None) -> str | None:
-    result = Trainer(build_config(parse_args(argv))).fit()
+    config = build_config(parse_args(argv))
+    trainer = Trainer(config)
+    with progress(trainer, config.progress_bar):  # the bar `twinkle train` shows; log lines print above it
+        result = trainer.fit()
     print(f"finished at step {result.step}/{result.total_step}, final loss {result.final_loss:.4f}; "
           f"checkpoint: {result.checkpoint}")
     return result.checkpoint

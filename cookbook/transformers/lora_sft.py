@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import warnings
 from pathlib import Path
 
 from peft import LoraConfig
@@ -22,7 +21,7 @@ from torch.optim import Muon
 from tqdm import tqdm
 
 import twinkle
-from twinkle import get_logger
+from twinkle import get_logger, known_warnings
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.model import TransformersModel
@@ -30,11 +29,6 @@ from twinkle.preprocessor import SelfCognitionProcessor
 
 logger = get_logger()
 TINY_MODEL = "twinkle://tiny-qwen"
-# The tiny model ties lm_head to the embeddings; peft notes that adapting a tied layer stores the
-# embeddings with the adapter, which is what a random-init base needs anyway.
-warnings.filterwarnings("ignore", message=".*tie_word_embeddings=True.*", category=UserWarning)
-warnings.filterwarnings("ignore", message=".*save_embedding_layers.*", category=UserWarning)
-warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,6 +99,7 @@ def save_checkpoint(model: TransformersModel, name: str, loader: DataLoader, arg
 
 
 def train(args: argparse.Namespace) -> str:
+    known_warnings.silence(args.model_id)  # dependencies' notes that do not apply here (see the module)
     twinkle.initialize(mode="local", seed=args.seed)
     train_set = build_dataset(args, range(args.train_samples))
     eval_set = build_dataset(args, range(args.train_samples, args.train_samples + args.eval_samples))

@@ -22,7 +22,7 @@ import torch
 from peft import LoraConfig
 
 import twinkle
-from twinkle import get_logger
+from twinkle import get_logger, known_warnings
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.model import MultiLoraTransformersModel
@@ -109,6 +109,7 @@ def stackable(rows: list[dict]) -> dict[str, torch.Tensor]:
 
 def run(args: argparse.Namespace) -> dict[str, tuple[list[float], str]]:
     """Train every tenant; returns ``{tenant: (losses per step, adapter path)}``."""
+    known_warnings.silence(args.model_id)  # dependencies' notes that do not apply here (see the module)
     twinkle.initialize(mode="local", seed=args.seed)
     specs = tenant_specs()
     model = MultiLoraTransformersModel(model_id=args.model_id, mixed_precision=args.mixed_precision,

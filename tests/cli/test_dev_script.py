@@ -36,6 +36,7 @@ def fake(tmp_path: Path) -> dict[str, Path]:
             'case "$2" in --interrupt) exit 130 ;; --sigint) kill -INT $$ ;; esac\nexit 0\n')
     _script(envs / "test" / "bin" / "python", f'echo "python $*" >> {log}\n'
             'if [ "$1" = "-m" ]; then exit 5; fi\nexit 0\n')
+    _script(envs / "default" / "bin" / "python", f'echo "default python $*" >> {log}\nexit 3\n')
     return {"hatch": hatch, "log": log}
 
 
@@ -63,3 +64,29 @@ def test_test_runs_pytest_with_the_arguments_and_returns_its_code(fake):
     calls = fake["log"].read_text().splitlines()
     assert calls[-3:] == ["python scripts/ensure_test_models.py", "python scripts/ensure_cookbook_env.py",
                           "python -m pytest -q tests/cli"]
+
+
+def test_run_runs_a_script_in_the_default_environment(fake):
+    assert _dev(fake, "run", "cookbook/rl/grpo.py", "--steps", "2").returncode == 3  # the script's own status
+    calls = fake["log"].read_text().splitlines()
+    assert calls == ["hatch run default:python -c ", "hatch env find default",
+                     "default python cookbook/rl/grpo.py --steps 2"]
+    assert _dev(fake, "run", "-m", "torch.distributed.run", "--nproc_per_node", "2", "x.py").returncode == 3
+    assert fake["log"].read_text().splitlines()[-1] == "default python -m torch.distributed.run --nproc_per_node 2 x.py"
+    missing = _dev(fake, "run")
+    assert missing.returncode == 2 and missing.stderr.startswith("usage: ./dev run FILE.py")
+
+
+def test_dev_env_bin_runs_from_that_environment_without_hatch(fake):
+    env_bin = fake["hatch"].parent / "envs" / "default" / "bin"
+    proc = subprocess.run([str(REPO / "dev"), "run", "x.py"], env={**os.environ, "HATCH": str(fake["hatch"]),
+                          "DEV_ENV_BIN": str(env_bin)}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert fake["log"].read_text().splitlines() == ["default python x.py"]  # no hatch call at all
+
+
+def test_help_lists_every_command():
+    proc = subprocess.run([str(REPO / "dev"), "help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    for command in ("train", "run FILE.py", "run -m MODULE", "test", "lint", "hatch"):
+        assert f"./dev {command}" in proc.stdout

@@ -48,7 +48,8 @@ def test_data_slice_and_in_memory_rows():
 
 
 SOURCE_ERRORS = [
-    (lambda tmp: DatasetMeta(str(tmp / "nope.jsonl")), FileNotFoundError, r"nope.jsonl' is not an existing local path"),
+    (lambda tmp: DatasetMeta(str(tmp / "nope.jsonl")), FileNotFoundError,
+     r"nope.jsonl': no such local file or directory"),
     (lambda tmp: DatasetMeta(data=ROWS, data_slice=range(13)), DataError,
      r"asks for row 12, but it has 12 rows.*range\(12\)"),
     (lambda tmp: DatasetMeta(data=ROWS, data_slice=[1, "x"]), DataError, r"holds 'x' at position 1"),

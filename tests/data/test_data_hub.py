@@ -26,7 +26,7 @@ def test_local_paths_and_assets(tmp_path):
 
 
 @pytest.mark.parametrize(("value", "exc", "message"), [
-    ("no/such/dir", FileNotFoundError, r"'no/such/dir' is not an existing local path.*'ms://no/such/dir'"),
+    ("no/such/dir", FileNotFoundError, r"'no/such/dir': no such local file or directory .*; hub ids start with"),
     ("twinkle://weights", FileNotFoundError,
      r"no embedded asset 'weights'; known: self-cognition, tiny-internvl2.5, tiny-qwen, .*twinkle://<name>"),
     ("hf://", ValueError, r"not a valid hub id"),

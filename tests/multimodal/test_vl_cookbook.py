@@ -13,13 +13,18 @@ SCRIPT = Path(__file__).resolve().parents[2] / "cookbook" / "multimodal" / "vl_l
 
 def test_cookbook_trains_a_few_steps(tmp_path: Path) -> None:
     env = {**os.environ, "TWINKLE_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--samples", "16", "--batch-size", "4", "--max-steps", "4"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--samples", "16", "--batch-size", "4", "--max-steps", "4",
+                           "--results-json", "results.json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    summary = lines[-1]
-    assert summary["steps"] == 4 and [r["step"] for r in lines[:-1]] == [1, 2, 3, 4]
-    assert summary["last_loss"] < summary["first_loss"] - 1.0
-    checkpoint = tmp_path / summary["checkpoint"]
+    results = json.loads((tmp_path / "results.json").read_text())
+    losses = results["losses"]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 1.0
+    checkpoint = Path(results["checkpoint"])
+    assert checkpoint == tmp_path / "output" / "vl_lora_sft" / "final"
+    assert proc.stdout.strip().splitlines()[-1] == (f"loss {losses[0]:.2f} -> {losses[-1]:.2f} in 4 steps "
+                                                    f"({results['seconds']} s); adapter: {checkpoint}")
+    assert "vl_lora_sft: 100%" in proc.stderr and "4/4" in proc.stderr  # the progress bar, not a line per step
+    assert "Warning" not in proc.stderr  # no dependency warning that does not apply (transformers', peft's)
     names = {p.name for p in checkpoint.iterdir()}
     assert {"adapter_model.safetensors", "adapter_config.json", "processor_config.json", "tokenizer.json"} <= names

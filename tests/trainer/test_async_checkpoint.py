@@ -29,15 +29,19 @@ fs.FileSystemWriter.write_data = slow
 
 def test_training_goes_on_while_the_checkpoint_is_written_and_resume_is_exact(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
     import torch.distributed.checkpoint.filesystem as fs
 
     write = fs.FileSystemWriter.write_data
+    step_3_seen = threading.Event()
 
-    def slow(self, plan, planner):  # DCP's writer thread takes 1.5 s per write
-        time.sleep(1.5)
+    def held(self, plan, planner):  # DCP's writer thread holds step 2's write until step 3 has run
+        if "step-00000002" in str(self.path):  # (a fixed sleep raced a loaded machine's slower step)
+            assert step_3_seen.wait(timeout=120), "step 3 never ran while step 2's checkpoint was being written"
         return write(self, plan, planner)
 
-    monkeypatch.setattr(fs.FileSystemWriter, "write_data", slow)
+    monkeypatch.setattr(fs.FileSystemWriter, "write_data", held)
     job = tiny_job(tmp_path / "wd", total_step=6, checkpoint_interval=2, async_checkpoint=True)
     trainer = Trainer(**job)
     while_writing: list[int] = []
@@ -47,6 +51,8 @@ def test_training_goes_on_while_the_checkpoint_is_written_and_resume_is_exact(tm
         if pending is not None and not pending.done():
             while_writing.append(step)
             assert not pending.final.exists()  # only a temporary name while it is written
+        if step == 3:
+            step_3_seen.set()
 
     trainer.on_step = on_step
     result = trainer.fit()

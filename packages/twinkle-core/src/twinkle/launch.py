@@ -131,9 +131,13 @@ def build_model(model: ModelConfig, infra: InfraConfig, *, model_id: str | None 
 
     ``model_id`` replaces ``model.model_id`` (a Trainer's ``load_from``); ``options`` are more
     constructor arguments (the server's LoRA slots); ``strict_load`` goes to classes that take it.
-    Gradient checkpointing is applied as the ``GradientCheckpointing`` patch.
+    Gradient checkpointing is applied as the ``GradientCheckpointing`` patch. Dependencies' warnings
+    that do not apply to this model are silenced (:mod:`twinkle.known_warnings`).
     """
+    from twinkle import known_warnings
     from twinkle.registry import resolve
+
+    known_warnings.silence(model.model_id)
 
     cls = resolve("model", model.type)
     accepted = _init_parameters(cls)

@@ -17,7 +17,9 @@ INTRO = ["Run the Tinker-compatible training service (see docs/server.md). `keyg
 
 
 def main(argv: Sequence[str]) -> int:
+    from twinkle.cli.errors import describe
     from twinkle.config import ConfigError, build, from_argv, from_mapping, load_file, render_help, schema_of
+    from twinkle.hub import HubError
     from twinkle_server.config import ServerConfig
 
     argv = list(argv)
@@ -25,6 +27,7 @@ def main(argv: Sequence[str]) -> int:
     if {"-h", "--help"} & set(argv):
         print(render_help(schema, USAGE, INTRO), end="")
         return 0
+    config = None
     try:
         if argv[:1] == ["keygen"]:
             return _keygen(argv[1:])
@@ -34,8 +37,8 @@ def main(argv: Sequence[str]) -> int:
         from twinkle_server.server import serve
 
         return serve(config)
-    except ConfigError as exc:
-        print(f"twinkle serve: error: {exc}", file=sys.stderr)
+    except (ConfigError, HubError) as exc:  # a hub id that does not resolve: named with its option
+        print(f"twinkle serve: error: {describe(exc, config)}", file=sys.stderr)
         return 2
 
 

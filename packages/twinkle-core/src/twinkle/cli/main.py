@@ -63,9 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return train_cmd.run(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
+    if args.command is None:  # `twinkle` alone: the help is the answer
         parser.print_help()
-        return 2
+        return 0
     return int(args.func(args) or 0)
 
 if __name__ == "__main__":

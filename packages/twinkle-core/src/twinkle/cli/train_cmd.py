@@ -65,39 +65,35 @@ def parse(tokens: list[str], job: dict[str, Any] = DEFAULT_JOB) -> Any:
 
 
 def run(tokens: list[str]) -> int:
-    """Parse, check, train; an error is one ``twinkle train: error:`` block (``--debug``: the traceback)."""
+    """Parse, check, train; an error is one ``twinkle train: error:`` message naming the option (``--debug``:
+    the traceback instead)."""
+    from twinkle.cli.errors import describe
     from twinkle.config import ConfigError
+    from twinkle.hub import HubError
 
     debug = "--debug" in tokens  # the Trainer's debug option; here also: show the traceback of an error
     if {"-h", "--help"} & set(tokens):
         print(help_text(), end="")
         return 0
+    config = None
     try:
-        return _train(parse(tokens))
+        config = parse(tokens)
+        return _train(config)
     except KeyboardInterrupt:
         print("twinkle train: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
         if debug:
             raise
-        from twinkle.errors import TwinkleError
-
-        what = str(exc) if isinstance(exc, TwinkleError) else f"{type(exc).__name__}: {exc}"
-        print(f"twinkle train: error: {what}\n(run with --debug for the traceback)", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+        print(f"twinkle train: error: {describe(exc, config)}\n(run with --debug for the traceback)", file=sys.stderr)
+        return 2 if isinstance(exc, (ConfigError, HubError)) else 1
 
 
 def _train(config: Any) -> int:
-    import warnings
-
     from twinkle.trainer import Trainer
 
-    # The tiny default ties lm_head to the embeddings; these notes are expected there, not actionable.
-    warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
-    warnings.filterwarnings("ignore", message=".*save_embedding_layers.*")
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-    trainer = Trainer(config)
-    with _progress(trainer, config.progress_bar):
+    trainer = Trainer(config)  # it builds the model through twinkle.launch, which silences the known warnings
+    with progress(trainer, config.progress_bar):
         result = trainer.fit()
     if trainer.is_main:
         loss = "n/a" if result.final_loss is None else f"{result.final_loss:.4f}"
@@ -112,8 +108,10 @@ def _train(config: Any) -> int:
 
 
 @contextlib.contextmanager
-def _progress(trainer: Any, enabled: bool) -> Iterator[None]:
-    """A training bar; meanwhile log lines print above it and other libraries' bars stay quiet.
+def progress(trainer: Any, enabled: bool = True) -> Iterator[None]:
+    """A training bar for ``trainer.fit()``; meanwhile log lines print above it and other libraries' bars
+    stay quiet. ``twinkle train`` uses it; a script calling ``Trainer.fit()`` can too
+    (``with progress(trainer): trainer.fit()``, see cookbook/transformers/full_sft.py).
 
     Without this, a log record or transformers' "Writing model shards" bar (a checkpoint or HF
     export being written) lands in the middle of the training bar's line.

@@ -55,7 +55,9 @@ def blank_image_inputs(processor: Any, size: int = 56) -> dict[str, Any]:
     ranks run it on theirs, so that all ranks take part in the same collectives (see docs/multimodal.md).
     ``size``: a small image (the processor resizes it up to its own minimum where it has one).
     """
-    from PIL import Image
+    from twinkle.extras import require
+
+    Image = require("PIL.Image", "the blank image of a rank without images")
 
     return vision_inputs(processor, [Image.new("RGB", (size, size), (0, 0, 0))], [])
 

@@ -49,15 +49,29 @@ def load_processor(model_id: str) -> Any:
                 from exc
         if str(path) not in _WARNED:
             _WARNED.add(str(path))
-            videos = ("videos given as frames are read with Pillow; video files need torchvision and a decoder"
-                      if has_video_processor(processor) else "videos need torchvision installed for this torch build")
-            logger.warning("%s: transformers could not build the video processor (%s: %s); using %s without it: %s.",
-                           model_id, type(exc).__name__, str(exc).splitlines()[0][:200], type(processor).__name__,
-                           videos)
+            _report_image_only(model_id, exc, processor)
     if not hasattr(processor, "image_processor"):
         raise DataError(f"{model_id!r} has no image processor (got {type(processor).__name__}); it is not a "
                         "vision-language model. Use a text template (Qwen2_5Template, ...) for it.")
     return processor
+
+
+def _report_image_only(model_id: str, exc: Exception, processor: Any) -> None:
+    """Say once what videos can be here. Without torchvision (CPU builds of torch) that is expected: an info
+    line. Any other cause is a warning quoting the error's first sentence whole."""
+    import importlib.util
+
+    name = type(processor).__name__
+    videos = ("videos given as frames are read with Pillow; video files need torchvision and a decoder"
+              if has_video_processor(processor) else "videos need torchvision installed for this torch build")
+    if importlib.util.find_spec("torchvision") is None:
+        logger.info("%s: %s without its video processor (transformers' video processors need torchvision, which "
+                    "this environment does not have): %s.", model_id, name, videos)
+        return
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    sentence = first.split(". ")[0].rstrip(".")
+    logger.warning("%s: transformers could not build the video processor (%s: %s); using %s without it: %s.",
+                   model_id, type(exc).__name__, sentence, name, videos)
 
 
 def image_only_processor(path: str | Path) -> Any:

@@ -18,6 +18,9 @@ QUESTION = "What colour is the shape?"
 
 def shape_image(colour: str, shape: str, size: int = 64, rng: random.Random | None = None) -> Any:
     """A PIL image of one ``shape`` in ``colour`` at a random place on a light background."""
+    from twinkle.extras import require
+
+    require("PIL.ImageDraw", "drawing the shapes data")
     from PIL import Image, ImageDraw
 
     rng = rng or random.Random(0)

@@ -46,6 +46,9 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
     liger is always asked for the sum; the mean is taken here so that an all-ignored batch gives 0
     (liger would divide by zero).
     """
+    from twinkle.extras import require
+
+    require("liger_kernel", "liger's fused linear cross-entropy")
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
     check_reduction(reduction)
