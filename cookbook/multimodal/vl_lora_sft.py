@@ -42,7 +42,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--mixed-precision", default="no")
     parser.add_argument("--output-dir", default="output/vl_lora_sft")
-    parser.add_argument("--seed", type=int, default=0, help="the adapter's init (and a random base built from a config), the data order")
+    parser.add_argument("--seed", type=int, default=0, help="the adapter's init and the data order")
     parser.add_argument("--results-json", default=None, help="also write the losses and the checkpoint to this file")
     return parser.parse_args()
 
