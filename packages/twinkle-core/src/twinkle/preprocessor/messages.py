@@ -99,10 +99,7 @@ def tool_calls_json(calls: Any, where: str = "tool_calls") -> str | None:
     if calls is None or calls == "" or calls == []:
         return None
     if isinstance(calls, str):
-        try:
-            calls = json.loads(calls)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: tool_calls is not valid JSON ({exc}): {preview(calls)}.") from None
+        calls = _parsed(calls, f"{where}: tool_calls")
     if isinstance(calls, Mapping):
         calls = [calls]
     if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)):
@@ -123,17 +120,18 @@ def tool_calls_json(calls: Any, where: str = "tool_calls") -> str | None:
     return json.dumps(out, ensure_ascii=False)
 
 
+def _parsed(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{what} is not valid JSON ({exc}): {preview(text)}.") from None
+
+
 def tools_json(tools: Any) -> str | None:
     """Tool schemas as the JSON string the ``tools`` column stores (None when absent)."""
     if tools is None or tools == "" or tools == []:
         return None
-    if isinstance(tools, str):
-        try:
-            parsed = json.loads(tools)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"'tools' is not valid JSON ({exc}): {preview(tools)}.") from None
-    else:
-        parsed = tools
+    parsed = _parsed(tools, "'tools'") if isinstance(tools, str) else tools
     if not isinstance(parsed, list) or not all(isinstance(t, Mapping) for t in parsed):
         raise DataError(f"'tools' must be a list of JSON tool schemas, got {preview(tools)}.")
     return json.dumps(parsed, ensure_ascii=False)

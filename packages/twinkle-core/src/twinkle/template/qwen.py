@@ -41,6 +41,16 @@ _QWEN_TOOL_RESPONSE = (
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
 )
 
+# the end of an assistant turn, then tool results and user turns, to the end of the messages loop
+_QWEN_TURN_END_AND_OTHER_ROLES = (
+    "{{- '<|im_end|>' -}}{%- endgeneration -%}{{- '\\n' -}}"
+    "{%- elif message.role == 'tool' -%}" + _QWEN_TOOL_RESPONSE +
+    "{%- elif message.role != 'system' -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+
 QWEN2_5 = (
     "{%- macro call_json(call) -%}"
     "{%- set fn = call.function if call.function is defined else call -%}"
@@ -59,12 +69,7 @@ QWEN2_5 = (
     "{%- generation -%}{{- message.content -}}"
     "{%- for call in message.tool_calls or [] -%}"
     "{{- ('\\n' if (message.content or not loop.first) else '') + call_json(call) -}}{%- endfor -%}"
-    "{{- '<|im_end|>' -}}{%- endgeneration -%}{{- '\\n' -}}"
-    "{%- elif message.role == 'tool' -%}" + _QWEN_TOOL_RESPONSE +
-    "{%- elif message.role != 'system' -%}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
+    + _QWEN_TURN_END_AND_OTHER_ROLES +
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
@@ -106,12 +111,7 @@ QWEN3_5 = (
     "{%- for call in message.tool_calls or [] -%}"
     "{{- ('\\n\\n' if (content and loop.first) else ('\\n' if not loop.first else '')) + call_xml(call) -}}"
     "{%- endfor -%}"
-    "{{- '<|im_end|>' -}}{%- endgeneration -%}{{- '\\n' -}}"
-    "{%- elif message.role == 'tool' -%}" + _QWEN_TOOL_RESPONSE +
-    "{%- elif message.role != 'system' -%}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
+    + _QWEN_TURN_END_AND_OTHER_ROLES +
     "{%- if add_generation_prompt -%}"
     "{{- '<|im_start|>assistant\\n' + ('<think>\\n' if thinking else '<think>\\n\\n</think>\\n\\n') -}}"
     "{%- endif -%}"
