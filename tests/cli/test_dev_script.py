@@ -59,11 +59,15 @@ def test_a_signal_is_not_turned_into_another_code(fake):
     assert _dev(fake, "train", "--sigint").returncode == -signal.SIGINT
 
 
-def test_test_runs_pytest_with_the_arguments_and_returns_its_code(fake):
+def test_test_runs_pytest_with_the_arguments_and_returns_its_code(fake, monkeypatch):
+    monkeypatch.delenv("TWINKLE_TEST_WORKERS", raising=False)
     assert _dev(fake, "test", "-q", "tests/cli").returncode == 5
     calls = fake["log"].read_text().splitlines()
     assert calls[-3:] == ["python scripts/ensure_test_models.py", "python scripts/ensure_cookbook_env.py",
-                          "python -m pytest -q tests/cli"]
+                          "python -m pytest -n 2 --dist loadfile -q tests/cli"]
+    monkeypatch.setenv("TWINKLE_TEST_WORKERS", "0")  # one process: no xdist options at all
+    assert _dev(fake, "test", "-q", "tests/cli").returncode == 5
+    assert fake["log"].read_text().splitlines()[-1] == "python -m pytest -q tests/cli"
 
 
 def test_run_runs_a_script_in_the_default_environment(fake):
