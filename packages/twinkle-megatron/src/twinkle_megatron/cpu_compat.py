@@ -7,7 +7,11 @@ CUDA RNG tracker. On a CPU-only torch both raise. :func:`enable` makes, for this
 * ``torch.cuda.current_device()`` return ``torch.device('cpu')`` (it could only raise here, so no
   working code changes behaviour), which sends those allocations to the CPU;
 * the tensor-parallel RNG tracker the inference tracker (no CUDA generator states), with
-  ``torch.manual_seed`` as the only generator.
+  ``torch.manual_seed`` as the only generator;
+* megatron's ``jit_fuser`` functions (``torch.compile``: Qwen3.5's attention output gate, L2 norm, gelu)
+  run eagerly. On CPU inductor would compile C++ for each of them in every process, and under
+  ``ATEN_CPU_CAPABILITY=default`` it emits vector code that does not compile (``CppCompileError``);
+  a model small enough for a CPU gains nothing from the fusion.
 
 Hard-coded ``device='cuda'`` sites remain (the pipeline schedules, ``DistributedOptimizer``,
 ``clip_grads``, the default causal mask); twinkle never reaches them on CPU: it passes an explicit
@@ -16,9 +20,12 @@ attention mask and trains with a plain torch optimizer there (see docs/megatron.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 _saved: dict[str, Any] = {}
+#: (owner, attribute, the compiled callable) of every jit_fuser function made eager, to put back
+_compiled: list[tuple[Any, str, Any]] = []
 
 
 def needed() -> bool:
@@ -43,7 +50,27 @@ def enable() -> bool:
         _saved["current_device"] = torch.cuda.current_device
         torch.cuda.current_device = _cpu_device
     reset_rng_tracker()
+    run_fusers_eagerly()
     return True
+
+
+def run_fusers_eagerly() -> None:
+    """megatron's ``jit_fuser`` functions as written: later imports get the no-op decorator, and the
+    functions megatron has compiled already (module functions, methods) are replaced by their originals."""
+    from megatron.core import jit
+
+    if "jit_fuser" not in _saved:
+        _saved["jit_fuser"] = jit.jit_fuser
+        jit.disable_jit_fuser()
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("megatron.core"):
+            continue
+        for owner in [module, *(v for v in vars(module).values() if isinstance(v, type) and v.__module__ == name)]:
+            for attr, value in list(vars(owner).items()):
+                original = getattr(value, "_torchdynamo_orig_callable", None)
+                if original is not None:
+                    _compiled.append((owner, attr, value))
+                    setattr(owner, attr, original)
 
 
 def reset_rng_tracker() -> None:
@@ -59,6 +86,13 @@ def disable() -> None:
 
     if "current_device" in _saved:
         torch.cuda.current_device = _saved.pop("current_device")
+    while _compiled:
+        owner, attr, compiled = _compiled.pop()
+        setattr(owner, attr, compiled)
+    if "jit_fuser" in _saved:
+        from megatron.core import jit
+
+        jit.jit_fuser = _saved.pop("jit_fuser")
 
 
 def active() -> bool:
