@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,11 +63,13 @@ def megatron_dirs(family_dirs, tmp_path_factory) -> dict[str, Path]:
 
 
 class _Launch:
-    """The torchrun launch of scripts/megatron_tp2.py, in the background; ``reports()`` waits for its rank files."""
+    """The torchrun launch of scripts/megatron_tp2.py, in the background and in a session of its own (``kill()``
+    reaches the ranks too); ``reports()`` waits for its rank files."""
 
     def __init__(self, args: list[str], out: Path) -> None:
         self.out = out
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
         self._reports: list[dict] | None = None
 
     def reports(self) -> list[dict]:
@@ -78,6 +81,14 @@ class _Launch:
             self._reports = [json.loads((self.out / f"rank{r}.json").read_text()) for r in range(2)]
         return self._reports
 
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
 
 @pytest.fixture(scope="session")
 def tp2(megatron_dirs, tmp_path_factory):
@@ -87,13 +98,14 @@ def tp2(megatron_dirs, tmp_path_factory):
     launch = _Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                       str(script), str(out), str(out / "dirs.json")], out)
     yield launch
-    if launch.proc.poll() is None:
-        launch.proc.kill()
-        launch.proc.wait()
+    launch.kill()
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _start_tp2_early(request):
-    """Start the TP=2 launch with the first test when the session includes the Megatron checks."""
+    """Start the TP=2 launch with the first test when the session includes the Megatron checks (one process;
+    under pytest-xdist every worker sees every item, and the worker that runs them starts it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     if any(Path(str(item.fspath)).name == "test_family_megatron.py" for item in request.session.items):
         request.getfixturevalue("tp2")

@@ -37,13 +37,15 @@ def _single_process(monkeypatch):
 
 
 class _Launch:
-    """A subprocess started in the background; ``wait()`` returns its CompletedProcess-like result."""
+    """A subprocess started in the background, in a session of its own so that ``kill()`` reaches torchrun's
+    ranks too; ``wait()`` returns its CompletedProcess-like result."""
 
     def __init__(self, args: list[str]) -> None:
         import subprocess
 
         self.args = args
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
         self._out: tuple[int, str, str] | None = None
 
     def wait(self, timeout: float = 300) -> tuple[int, str, str]:
@@ -52,40 +54,84 @@ class _Launch:
             self._out = (self.proc.returncode, stdout, stderr)
         return self._out
 
+    def kill(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+
+class _Launches:
+    """The two subprocess checks (torchrun TP/DP=2, simulated CUDA path), each started on first use.
+
+    ``launches["tp2"]`` / ``launches["simulated"]``: ``(launch, output directory)``; ``launches["qwen2"]``,
+    ``["qwen3"]``, ``["large"]``: the saved HF models they (and the in-process comparisons) read. A run on
+    one process starts both with the session's first test so that they overlap the in-process tests;
+    under pytest-xdist each starts in the worker whose test asks for it (no launch runs twice).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._models: dict[str, Path] | None = None
+        self._started: dict[str, tuple[_Launch, Path]] = {}
+
+    def _saved_models(self) -> dict[str, Path]:
+        if self._models is None:
+            from megatron_testing import VOCAB_LARGE, hf_model, save_hf, shared_a_adapter
+
+            root = self.root
+            self._models = {
+                "qwen2": save_hf(hf_model("qwen2"), root / "qwen2"),
+                "qwen3": save_hf(hf_model("qwen3"), root / "qwen3"),
+                "large": save_hf(hf_model("qwen2", vocab_size=VOCAB_LARGE), root / "qwen2-large-vocab"),
+                "adapter": shared_a_adapter(root / "adapter"),
+                "tied": save_hf(hf_model("qwen2", tie_word_embeddings=True), root / "qwen2-tied"),
+                # saved by peft: with its base lm_head copy
+                "lm_head": shared_a_adapter(root / "adapter-lm-head", lm_head=True),
+                "lm_head_tied": shared_a_adapter(root / "adapter-lm-head-tied", lm_head=True,
+                                                 tie_word_embeddings=True),
+            }
+        return self._models
+
+    def _start(self, name: str) -> tuple[_Launch, Path]:
+        m = self._saved_models()
+        scripts = Path(__file__).parent / "scripts"
+        out = self.root / name
+        out.mkdir()
+        if name == "tp2":
+            return _Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                            str(scripts / "tp2_checks.py"), str(m["qwen2"]), str(m["qwen3"]), str(m["adapter"]),
+                            str(m["large"]), str(out), str(m["tied"]), str(m["lm_head"]),
+                            str(m["lm_head_tied"])]), out
+        return _Launch([sys.executable, str(scripts / "simulated_cuda.py"), str(m["qwen2"]),
+                        str(out / "report.json")]), out
+
+    def __getitem__(self, name: str):
+        if name in ("tp2", "simulated"):
+            if name not in self._started:
+                self._started[name] = self._start(name)
+            return self._started[name]
+        return self._saved_models()[name]
+
+    def start_all(self) -> None:
+        for name in ("tp2", "simulated"):
+            self[name]
+
+    def close(self) -> None:
+        for launch, _ in self._started.values():
+            launch.kill()
+
 
 @pytest.fixture(scope="session")
 def launches(tmp_path_factory):
-    """The two subprocess checks (torchrun TP/DP=2, simulated CUDA path), started together so they overlap.
-
-    Returns ``{name: (launch, output directory)}``; each test module waits for its own launch.
-    """
-
-    from megatron_testing import VOCAB_LARGE, hf_model, save_hf, shared_a_adapter
-
-    root = tmp_path_factory.mktemp("launches")
-    qwen2 = save_hf(hf_model("qwen2"), root / "qwen2")
-    qwen3 = save_hf(hf_model("qwen3"), root / "qwen3")
-    large = save_hf(hf_model("qwen2", vocab_size=VOCAB_LARGE), root / "qwen2-large-vocab")
-    adapter = shared_a_adapter(root / "adapter")
-    tied = save_hf(hf_model("qwen2", tie_word_embeddings=True), root / "qwen2-tied")
-    lm_head = shared_a_adapter(root / "adapter-lm-head", lm_head=True)  # saved by peft: with its base lm_head copy
-    lm_head_tied = shared_a_adapter(root / "adapter-lm-head-tied", lm_head=True, tie_word_embeddings=True)
-    scripts = Path(__file__).parent / "scripts"
-    (root / "tp2").mkdir()
-    (root / "simulated").mkdir()
-    started = {
-        "tp2": (_Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                         str(scripts / "tp2_checks.py"), str(qwen2), str(qwen3), str(adapter), str(large),
-                         str(root / "tp2"), str(tied), str(lm_head), str(lm_head_tied)]),
-                root / "tp2"),
-        "simulated": (_Launch([sys.executable, str(scripts / "simulated_cuda.py"), str(qwen2),
-                               str(root / "simulated" / "report.json")]), root / "simulated"),
-    }
-    yield {**started, "qwen2": qwen2, "qwen3": qwen3, "large": large}
-    for launch, _ in started.values():
-        if launch.proc.poll() is None:
-            launch.proc.kill()
-            launch.proc.wait()
+    """The subprocess checks of test_tensor_parallel.py and test_gpu_path_simulated.py (see _Launches)."""
+    started = _Launches(tmp_path_factory.mktemp("launches"))
+    yield started
+    started.close()
 
 
 _NEEDS_LAUNCHES = ("test_tensor_parallel.py", "test_gpu_path_simulated.py")
@@ -95,5 +141,7 @@ _NEEDS_LAUNCHES = ("test_tensor_parallel.py", "test_gpu_path_simulated.py")
 def _start_launches_early(request):
     """Start the subprocess checks with the first test when the session includes their modules, so they run
     while the in-process tests do."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sees every item; the tests start what they use
+        return
     if any(Path(str(item.fspath)).name in _NEEDS_LAUNCHES for item in request.session.items):
-        request.getfixturevalue("launches")
+        request.getfixturevalue("launches").start_all()
