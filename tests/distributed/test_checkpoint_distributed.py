@@ -10,6 +10,8 @@ from peft import PeftModel
 from scenarios import probe_batch, tiny_config
 from transformers import AutoModelForCausalLM
 
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 
 @pytest.mark.parametrize("name", ["resume_fsdp_lora", "resume_fsdp_full", "resume_ddp_lora"])
 def test_resume_on_two_ranks_continues_exactly(name: str, training_job) -> None:

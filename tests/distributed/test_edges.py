@@ -7,6 +7,8 @@ import json
 import pytest
 from launch import JobResult, torchrun
 
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def edge_job(tmp_path_factory: pytest.TempPathFactory) -> JobResult:

@@ -13,6 +13,8 @@ import twinkle
 from twinkle import DeviceGroup, DeviceMesh
 from twinkle.actors.proxy import RemoteActorError
 
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def single_process() -> dict:

@@ -12,6 +12,8 @@ import pytest
 import torch
 from scenarios import reference
 
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 
 @pytest.fixture
 def at_job(training_job, monkeypatch):

@@ -12,6 +12,8 @@ import pytest
 import torch
 from scenarios import reference
 
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 TIGHT = {"loss": 5e-6, "param": 3e-5, "metric_rel": 1e-4}
 MUON_LORA = {"loss": 1e-4, "param": 2e-3, "metric_rel": 1e-3}
 MUON_FULL = {"loss": 5e-3, "param": 5e-2, "metric_rel": 1e-2}

@@ -36,6 +36,8 @@ from twinkle_megatron.bridge.layout import convert_hf_to_mcore, convert_mcore_to
 from twinkle_megatron.bridge.shard import padded_vocab_size, shard, unshard
 from twinkle_megatron.errors import MegatronConfigError
 
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 ATOL = 2e-5
 LOSS_ATOL = 1e-5
 WEIGHT_ATOL = 1e-4

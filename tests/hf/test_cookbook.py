@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 SCRIPT = Path(__file__).resolve().parents[2] / "cookbook" / "transformers" / "lora_sft.py"
 
 

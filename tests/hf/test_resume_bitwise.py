@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 SCRIPT = Path(__file__).parent / "scripts" / "resume_job.py"
 
 

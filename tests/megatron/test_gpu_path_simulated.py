@@ -13,6 +13,8 @@ import json
 import pytest
 from megatron_testing import make_batch, megatron_model
 
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def run(launches):

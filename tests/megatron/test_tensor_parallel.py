@@ -19,6 +19,8 @@ import pytest
 from megatron_testing import VOCAB_LARGE, lora_config, loss_peak_bytes, make_batch, megatron_model, train, train_batches
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 ATOL = 2e-5
 LOSS_ATOL = 1e-5
 WEIGHT_ATOL = 1e-4

@@ -7,9 +7,12 @@ the same losses and the same weights and Adam moments, bit for bit.
 
 from __future__ import annotations
 
+import pytest
 from server_proc import BASE_MODEL
 from server_testing import TEXTS, adapter_tensors, sft_datums, tensors_hash, train_steps
 from tinker import types
+
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
 
 ADAM = types.AdamParams(learning_rate=1e-2, eps=1e-8)
 STEPS = 2

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from trainer_testing import REPO, cli_env, load_weights
 
 from twinkle.trainer import store
+
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
 
 
 def _run(script: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:

@@ -11,6 +11,8 @@ from trainer_testing import load_weights, run_train, tiny_job, write_config
 
 from twinkle.trainer import TrainerConfig, store
 
+pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
+
 pytest.importorskip("ray", reason="ray is installed by the test environment (twinkle-core[ray])")
 
 RAY = ("--infra.mode", "ray", "--infra.dp-size", "2", "--infra.num-cpus", "2", "--infra.timeout-s", "120")
