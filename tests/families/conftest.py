@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -63,13 +62,12 @@ def megatron_dirs(family_dirs, tmp_path_factory) -> dict[str, Path]:
 
 
 class _Launch:
-    """The torchrun launch of scripts/megatron_tp2.py, in the background and in a session of its own (``kill()``
-    reaches the ranks too); ``reports()`` waits for its rank files."""
+    """The torchrun launch of scripts/megatron_tp2.py, in the background (``start_background``,
+    tests/conftest.py); ``reports()`` waits for its rank files."""
 
-    def __init__(self, args: list[str], out: Path) -> None:
+    def __init__(self, proc: subprocess.Popen, out: Path) -> None:
         self.out = out
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.proc = proc
         self._reports: list[dict] | None = None
 
     def reports(self) -> list[dict]:
@@ -81,24 +79,14 @@ class _Launch:
             self._reports = [json.loads((self.out / f"rank{r}.json").read_text()) for r in range(2)]
         return self._reports
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-
 
 @pytest.fixture(scope="session")
-def tp2(megatron_dirs, tmp_path_factory):
+def tp2(megatron_dirs, tmp_path_factory, start_background):
     out = tmp_path_factory.mktemp("families-tp2")
     (out / "dirs.json").write_text(json.dumps({k: str(v) for k, v in megatron_dirs.items()}))
     script = Path(__file__).parent / "scripts" / "megatron_tp2.py"
-    launch = _Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                      str(script), str(out), str(out / "dirs.json")], out)
-    yield launch
-    launch.kill()
+    return _Launch(start_background([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                     "--nproc_per_node=2", str(script), str(out), str(out / "dirs.json")]), out)
 
 
 @pytest.fixture(autouse=True, scope="session")

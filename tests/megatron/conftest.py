@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,15 +38,11 @@ def _single_process(monkeypatch):
 
 
 class _Launch:
-    """A subprocess started in the background, in a session of its own so that ``kill()`` reaches torchrun's
-    ranks too; ``wait()`` returns its CompletedProcess-like result."""
+    """A subprocess started in the background (``start_background``, tests/conftest.py); ``wait()`` returns
+    its CompletedProcess-like result."""
 
-    def __init__(self, args: list[str]) -> None:
-        import subprocess
-
-        self.args = args
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+    def __init__(self, proc: Any) -> None:
+        self.proc = proc
         self._out: tuple[int, str, str] | None = None
 
     def wait(self, timeout: float = 300) -> tuple[int, str, str]:
@@ -53,16 +50,6 @@ class _Launch:
             stdout, stderr = self.proc.communicate(timeout=timeout)
             self._out = (self.proc.returncode, stdout, stderr)
         return self._out
-
-    def kill(self) -> None:
-        import signal
-
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
 
 
 class _Launches:
@@ -74,8 +61,9 @@ class _Launches:
     under pytest-xdist each starts in the worker whose test asks for it (no launch runs twice).
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, start: Any) -> None:
         self.root = root
+        self.start = start
         self._models: dict[str, Path] | None = None
         self._started: dict[str, tuple[_Launch, Path]] = {}
 
@@ -103,12 +91,12 @@ class _Launches:
         out = self.root / name
         out.mkdir()
         if name == "tp2":
-            return _Launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                            str(scripts / "tp2_checks.py"), str(m["qwen2"]), str(m["qwen3"]), str(m["adapter"]),
-                            str(m["large"]), str(out), str(m["tied"]), str(m["lm_head"]),
-                            str(m["lm_head_tied"])]), out
-        return _Launch([sys.executable, str(scripts / "simulated_cuda.py"), str(m["qwen2"]),
-                        str(out / "report.json")]), out
+            return _Launch(self.start([
+                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                str(scripts / "tp2_checks.py"), str(m["qwen2"]), str(m["qwen3"]), str(m["adapter"]), str(m["large"]),
+                str(out), str(m["tied"]), str(m["lm_head"]), str(m["lm_head_tied"])])), out
+        return _Launch(self.start([sys.executable, str(scripts / "simulated_cuda.py"), str(m["qwen2"]),
+                                   str(out / "report.json")])), out
 
     def __getitem__(self, name: str):
         if name in ("tp2", "simulated"):
@@ -121,17 +109,11 @@ class _Launches:
         for name in ("tp2", "simulated"):
             self[name]
 
-    def close(self) -> None:
-        for launch, _ in self._started.values():
-            launch.kill()
-
 
 @pytest.fixture(scope="session")
-def launches(tmp_path_factory):
+def launches(tmp_path_factory, start_background):
     """The subprocess checks of test_tensor_parallel.py and test_gpu_path_simulated.py (see _Launches)."""
-    started = _Launches(tmp_path_factory.mktemp("launches"))
-    yield started
-    started.close()
+    return _Launches(tmp_path_factory.mktemp("launches"), start_background)
 
 
 _NEEDS_LAUNCHES = ("test_tensor_parallel.py", "test_gpu_path_simulated.py")
