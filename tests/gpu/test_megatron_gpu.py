@@ -186,15 +186,21 @@ def test_lora_through_the_schedule_trains_and_saves_a_peft_adapter(tmp_path):
 
 @needs_te
 def test_qwen3_moe_logits_match_hf(tmp_path):
+    _megatron_matches_hf(hf_checkpoint(tmp_path / "hf", family="qwen3_moe"))
+
+
+def _megatron_matches_hf(path: Path):
+    """MegatronModel (fp32) on the HF checkpoint ``path``: its logits within 1e-3 of transformers' on a probe
+    batch; returns (model, probe, HF logits) for further checks."""
     from transformers import AutoModelForCausalLM
 
-    path = hf_checkpoint(tmp_path / "hf", family="qwen3_moe")
     m = model(path, mixed_precision="no")
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
     probe = batch(seed=5, rows=2)
     with torch.no_grad():
         ref = hf(input_ids=probe["input_ids"].cuda()).logits
     assert (m.forward_only(inputs=probe)["logits"] - ref).abs().max() <= 1e-3
+    return m, probe, ref
 
 
 def family_checkpoint(directory: Path, family: str) -> Path:
@@ -235,13 +241,7 @@ def test_seed_family_logits_match_hf_with_te(tmp_path, family):
     round-trip tested on CPU (tests/families), their TE/MoE forward only here."""
     from transformers import AutoModelForCausalLM
 
-    path = family_checkpoint(tmp_path / "hf", family)
-    m = model(path, mixed_precision="no")
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
-    probe = batch(seed=5, rows=2)
-    with torch.no_grad():
-        ref = hf(input_ids=probe["input_ids"].cuda()).logits
-    assert (m.forward_only(inputs=probe)["logits"] - ref).abs().max() <= 1e-3
+    m, probe, ref = _megatron_matches_hf(family_checkpoint(tmp_path / "hf", family))
     m.save("exported", output_dir=str(tmp_path))  # the export path (gather, TE names) writes HF names back
     again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "exported"), dtype=torch.float32).cuda().eval()
     with torch.no_grad():

@@ -22,9 +22,8 @@ into the slot they were saved from.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ class TenantCheckpointState(HFCheckpointState):
               async_save: bool) -> list[Future]:
         backend = self.backend
         self._require_wrapped("save")
-        weights = dist_ckpt.gathered_state(backend.adapters.state_dict(group))
+        weights = backend.adapters.state_dict(group)  # gathered CPU copies (tenant_io.tenant_state_dict)
         optimizer = host_copy(group.optimizer.state_dict()) if save_optimizer and group.optimizer is not None \
             else None
         if collective.rank() != 0:
@@ -106,18 +105,9 @@ def _written_as_shards(directory: Path) -> bool:
 
 def in_background(write: Callable[[], None], name: str) -> Future:
     """Run ``write()`` on a thread of its own; the future holds its outcome (the thread ends with it)."""
-    future: Future = Future()
-    future.set_running_or_notify_cancel()
-
-    def run() -> None:
-        try:
-            write()
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the save
-            future.set_exception(exc)
-        else:
-            future.set_result(None)
-
-    threading.Thread(target=run, name=name).start()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    future = pool.submit(write)
+    pool.shutdown(wait=False)  # the thread finishes this one write, then exits
     return future
 
 
