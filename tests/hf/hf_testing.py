@@ -95,3 +95,26 @@ def model_state_hash(model: Any) -> str:
         parts[f"{name}.sched"] = group.lr_scheduler.state_dict() if group.lr_scheduler is not None else None
         parts[f"{name}.progress"] = (group.cur_step, group.micro_step, group.gradient_accumulation_steps)
     return tensor_hash(parts)
+
+
+def status_mb(field: str) -> float:
+    """``/proc/self/status``'s ``field`` (VmRSS, VmHWM) in MiB (Linux)."""
+    from pathlib import Path
+
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def reset_peak_rss() -> float:
+    """Freed memory back to the OS (malloc_trim) and the kernel's high-water mark reset (clear_refs 5), so that
+    VmHWM read later is the peak from here on; returns the RSS now (MiB)."""
+    import ctypes
+    import gc
+    from pathlib import Path
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    return status_mb("VmRSS")

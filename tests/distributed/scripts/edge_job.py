@@ -14,7 +14,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hf"))
 
+from hf_testing import reset_peak_rss, status_mb  # noqa: E402
 from scenarios import build, global_batches, local_rows, rank_world, tiny_config  # noqa: E402
 
 import twinkle  # noqa: E402
@@ -23,25 +25,12 @@ from twinkle import DeviceMesh  # noqa: E402
 BIG = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "vocab_size": 8192}
 
 
-def _status_mb(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def peak_rss_during(fn: Any) -> tuple[Any, float]:
     """(fn(), peak host RSS in MiB above the RSS before it): freed memory goes back to the OS first
     (malloc_trim) and the kernel's high-water mark is reset (clear_refs 5), then VmHWM is read."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")
-    base = _status_mb("VmRSS")
+    base = reset_peak_rss()
     result = fn()
-    return result, _status_mb("VmHWM") - base
+    return result, status_mb("VmHWM") - base
 
 
 def full_state(model: Any) -> dict[str, torch.Tensor]:

@@ -9,7 +9,6 @@ OUT_DIR/<job>.rank<r>.pt or OUT_DIR/<job>.rank<r>.error.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import traceback
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hf"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hf_testing import make_batch, tensor_hash, tiny_config  # noqa: E402
+from hf_testing import make_batch, reset_peak_rss, status_mb, tensor_hash, tiny_config  # noqa: E402
 
 
 def rank_world() -> tuple[int, int]:
@@ -159,23 +158,6 @@ def _slot_state(model: Any) -> dict[str, torch.Tensor]:
 MEDIUM = {"hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 6, "vocab_size": 4096}
 
 
-def _status_mb(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _reset_peak() -> float:
-    """Freed memory back to the OS (malloc_trim), the kernel's high-water mark reset; returns the RSS now (MiB)."""
-    import ctypes
-
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")
-    return _status_mb("VmRSS")
-
-
 def memory_efficient(mode: str, out: Path) -> dict:
     """The same multi-LoRA model with and without memory_efficient_init: weights, slot snapshots and a tenant's
     step and release bitwise; rank 1's peak host RSS while constructing is lower (under FSDP2 also through
@@ -190,14 +172,14 @@ def memory_efficient(mode: str, out: Path) -> dict:
                       config=tiny_config("qwen2", **MEDIUM))
 
     def measured(efficient: bool) -> dict[str, Any]:
-        base = _reset_peak()
+        base = reset_peak_rss()
         model = build(efficient)
-        built_peak = _status_mb("VmHWM") - base
+        built_peak = status_mb("VmHWM") - base
         snapshots = {f"{slot}.{layer}": pair for slot, layers in model.slots.initial.items()
                      for layer, pair in layers.items()}
         generator = torch.get_rng_state()
         model.parallelize()
-        wrapped_peak = _status_mb("VmHWM") - base
+        wrapped_peak = status_mb("VmHWM") - base
         weights = {n: full_tensor(p.detach()).clone() for n, p in model.model.named_parameters()}
         buffers = {n: b.clone() for n, b in model.model.named_buffers()}
         _start(model, "t", seed=5)
