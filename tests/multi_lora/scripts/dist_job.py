@@ -50,8 +50,9 @@ def run(mode: str = "ddp") -> dict:
     model.multi_lora.acquire_lora("a", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     # 'b' targets one layer only: most parameters of the model are unused (frozen base, other slot) for it
     model.multi_lora.acquire_lora("b", LoraConfig(r=2, lora_alpha=4, target_modules=["model.layers.1.mlp.up_proj"]))
+    initial = {"b": model.get_state_dict(adapter_name="b")}
     for tenant in ("a", "b"):
-        model.set_optimizer("AdamW", lr=0.02, adapter_name=tenant)
+        model.set_optimizer("SGD", lr=0.5, adapter_name=tenant)
     for step in range(3):
         for tenant in ("a", "b"):
             batch = rows(make_batch(10 * step + len(losses[tenant]), rows=4), rank, world)
@@ -65,11 +66,12 @@ def run(mode: str = "ddp") -> dict:
     state_b = model.get_state_dict(adapter_name="b")
     model.multi_lora.release_lora("a")
     model.multi_lora.acquire_lora("c", LoraConfig(r=8, lora_alpha=8, target_modules="all-linear"))
-    model.set_optimizer("AdamW", lr=0.02, adapter_name="c")
+    initial["c"] = model.get_state_dict(adapter_name="c")
+    model.set_optimizer("SGD", lr=0.5, adapter_name="c")
     losses["c"] = [model.forward_backward(inputs=rows(make_batch(77, rows=4), rank, world), adapter_name="c")]
     model.clip_grad_and_step(adapter_name="c")
     return {"losses": losses, "b": state_b, "c": model.get_state_dict(adapter_name="c"),
-            "names": model.multi_lora.names(), "kind": model.backend.dist_plan.kind}
+            "initial": initial, "names": model.multi_lora.names(), "kind": model.backend.dist_plan.kind}
 
 
 def _model(mode: str, **kwargs: Any) -> Any:
