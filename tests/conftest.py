@@ -1,4 +1,5 @@
-"""Suite-wide: the order of the files, and the background launches several packages share.
+"""Suite-wide: the order of the files, the background launches several packages share, and ``rounding``
+(the float32 rounding bounds parity tests derive their tolerances from) importable from every test module.
 
 Ordering: the files marked ``slow`` (they launch processes: torchrun, Ray, a server) run first.
 
@@ -12,9 +13,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # --import-mode=importlib: tests/rounding.py
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

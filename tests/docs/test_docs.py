@@ -44,6 +44,7 @@ class Result:
     stderr: str
     cpu_seconds: float
     wall_seconds: float
+    cwd: Path | None = None  # where it ran: the copy of the repository
 
     @property
     def output(self) -> str:
@@ -100,13 +101,19 @@ def _client(r: Result) -> dict[str, float]:
     return {"first_loss": losses[0], "last_loss": losses[-1]}
 
 
+def _plot(r: Result) -> dict[str, float]:
+    png = r.cwd / r.find(r"^\s*curves\s+(\S+\.png)$").group(1)  # relative to where it ran, or absolute
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    return {}
+
+
 def _ok(r: Result) -> dict[str, float]:
     return {}
 
 
 #: run name -> what it measures from the run's output (and the output's shape it asserts on the way)
 MEASURES: dict[str, Callable[[Result], dict[str, float]]] = {
-    "train": _train, "load": _load, "grpo": _grpo, "dpo": _dpo, "vl": _vl, "client": _client,
+    "train": _train, "plot": _plot, "load": _load, "grpo": _grpo, "dpo": _dpo, "vl": _vl, "client": _client,
     "server-key": _ok, "server": _ok, "train-help": _ok,
 }
 
@@ -194,7 +201,7 @@ class Session:
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if proc.returncode == 0 and env_out.is_file():
             self.envs[block.doc] = _read_env(env_out)
-        return Result(block, proc.returncode, proc.stdout, proc.stderr, cpu, time.monotonic() - start)
+        return Result(block, proc.returncode, proc.stdout, proc.stderr, cpu, time.monotonic() - start, self.root)
 
     def _start(self, block: Block, argv: list[str], env: dict[str, str], timeout: float) -> Result:
         log = self.root / f".docs-test-{block.name}.log"
