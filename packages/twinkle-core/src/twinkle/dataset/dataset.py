@@ -10,9 +10,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twinkle.dataset import transforms
+from twinkle.dataset.batched import PROBE_ROWS, BatchCall
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.loading import load_source
 from twinkle.dataset.meta import DatasetMeta
+from twinkle.dataset.steps import map_step
 from twinkle.registry import resolve
 
 if TYPE_CHECKING:
@@ -123,6 +125,8 @@ class Dataset:
         strict: bool = True,
         num_proc: int | None = None,
         batch_size: int = 1000,
+        batched: bool | None = None,
+        remove_columns: Sequence[str] = (),
         **map_kwargs: Any,
     ) -> Dataset:
         """Apply a preprocessor (instance, class, registered name) or a plain function to every row.
@@ -132,6 +136,14 @@ class Dataset:
         counted in a warning. A plain function ``fn(row) -> dict`` updates columns like
         ``datasets.map``. ``map_kwargs`` go to ``datasets.Dataset.map``; results are recomputed unless
         ``load_from_cache_file=True`` (a cached result could predate a code change).
+
+        Args:
+            batched: ``True``: ``fn`` takes a dict of columns and returns one (upstream Twinkle's and
+                ``datasets``' batched convention); it may return fewer or more rows than it got, and
+                then must return every column to keep (others go with ``remove_columns``).
+                ``False``: ``fn`` takes one row. ``None`` (default): probed on the first rows; a
+                function that reads both ways differently is refused with a message naming it.
+            remove_columns: input columns a batched function's output drops.
         """
         proc = _instantiate(resolve("preprocessor", preprocessor), init_args or {}, "preprocessor")
         if not callable(proc):
@@ -151,11 +163,22 @@ class Dataset:
                              **{"load_from_cache_file": False, **map_kwargs})
                 out = transforms.drop_marked(out, f"map({name}) on {self._metas[key].describe()}", num_proc)
             else:
-                out = ds.map(transforms.RowCall(proc, "map"), with_indices=True, num_proc=num_proc,
-                             **{"load_from_cache_file": False, **map_kwargs})
+                step = map_step(proc, batched, self._probe_rows(ds), source=None, strict=strict,
+                                remove_columns=remove_columns)
+                if step.kind == "batched":
+                    out = ds.map(BatchCall(proc, remove_columns), batched=True, with_indices=True,
+                                 batch_size=batch_size, remove_columns=ds.column_names, num_proc=num_proc,
+                                 **{"load_from_cache_file": False, **map_kwargs})
+                else:
+                    out = ds.map(transforms.RowCall(proc, "map"), with_indices=True, num_proc=num_proc,
+                                 **{"load_from_cache_file": False, **map_kwargs})
             updated[key] = out
         self._replace(updated)
         return self
+
+    @staticmethod
+    def _probe_rows(ds: Any) -> list[dict[str, Any]]:
+        return transforms.to_rows(ds[:PROBE_ROWS]) if len(ds) else []
 
     def filter(self, fn: Callable[[dict[str, Any]], bool], dataset_meta: DatasetMeta | None = None, *,
                num_proc: int | None = None, **filter_kwargs: Any) -> Dataset:
