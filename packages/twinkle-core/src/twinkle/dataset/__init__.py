@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from twinkle.dataset.dataset import Dataset
 from twinkle.dataset.errors import DataError
+from twinkle.dataset.iterable_dataset import IterableDataset
 from twinkle.dataset.meta import DatasetMeta
 from twinkle.dataset.packing_dataset import PackingDataset
 
-__all__ = ["DataError", "Dataset", "DatasetMeta", "PackingDataset"]
+__all__ = ["DataError", "Dataset", "DatasetMeta", "IterableDataset", "PackingDataset"]

@@ -14,8 +14,9 @@ from typing import Any
 
 from twinkle.dataset.errors import DataError, preview
 
-#: rows in the probe batch: an odd size a per-row function's own lists rarely have
-PROBE_ROWS = 3
+#: sizes of the probe batches: a batched function's columns follow the batch size, a per-row function's lists do not
+PROBE_SIZES = (3, 4)
+PROBE_ROWS = max(PROBE_SIZES)
 
 
 def function_name(fn: Any) -> str:
@@ -40,35 +41,37 @@ def _column_lengths(out: Any) -> set[int] | None:
 def looks_batched(fn: Any, rows: Sequence[Mapping[str, Any]]) -> bool:
     """Whether ``fn`` is a batched function, judged on the first rows; raises when it cannot be told.
 
-    The function is called on a batch of :data:`PROBE_ROWS` rows (the first rows, repeated if
-    there are fewer) and on the first row alone. It is batched when only the batch call works and
-    returns columns of equal length; per-row when the batch call fails or its first row agrees with
-    the single-row call (a function that works either way). Otherwise both calls "worked" with
-    different results, which is how a batched function fed one row looks: refused.
+    ``fn`` is called on batches of :data:`PROBE_SIZES` rows (the first rows, repeated if there are
+    fewer). It reads as batched only if both calls work and return columns as long as the batch (a
+    per-row function's own lists, such as a conversation's messages, do not grow with the batch).
+    Then it is called on the first row alone: if that fails it is batched; if it agrees with the
+    batch's first row the function works either way and is used per row; otherwise both readings
+    "work" with different results, which is how a batched function fed one row looks: refused.
     """
     if not rows:
         return False
-    probe = [rows[i % len(rows)] for i in range(PROBE_ROWS)]
-    try:
-        batch_out = fn(to_columns(probe))
-    except Exception:
-        return False
-    lengths = _column_lengths(batch_out)
-    if lengths is None or len(lengths) != 1:
-        return False
+    outs = []
+    for size in PROBE_SIZES:
+        try:
+            out = fn(to_columns([rows[i % len(rows)] for i in range(size)]))
+        except Exception:
+            return False
+        if _column_lengths(out) != {size}:
+            return False
+        outs.append(out)
     try:
         row_out = fn(dict(rows[0]))
     except Exception:
         return True
-    first = {k: v[0] for k, v in batch_out.items()} if lengths == {PROBE_ROWS} else None
-    if first is not None and isinstance(row_out, Mapping) and dict(row_out) == first:
+    first = {k: v[0] for k, v in outs[0].items()}
+    if isinstance(row_out, Mapping) and dict(row_out) == first:
         return False
     name = function_name(fn)
     raise DataError(
-        f"map({name}) is ambiguous: given a batch of {PROBE_ROWS} rows it returned columns of "
-        f"{lengths.pop()} values ({preview(batch_out)}), given one row it returned {preview(row_out)}. That is how a "
-        f"batched function (dict of columns in, dict of columns out) looks when called per row. Pass batched=True "
-        f"if {name} takes a dict of columns, or batched=False if it takes one row."
+        f"map({name}) is ambiguous: it returns one value per row for a batch of rows "
+        f"({preview(outs[0])}), and something else for one row ({preview(row_out)}). That is how a batched "
+        f"function (dict of columns in, dict of columns out) looks when called per row. Pass batched=True if {name} "
+        f"takes a dict of columns, or batched=False if it takes one row."
     )
 
 

@@ -14,6 +14,7 @@ from twinkle.dataset.batched import PROBE_ROWS, BatchCall
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.loading import load_source
 from twinkle.dataset.meta import DatasetMeta
+from twinkle.dataset.save import save_rows
 from twinkle.dataset.steps import map_step
 from twinkle.registry import resolve
 
@@ -203,16 +204,8 @@ class Dataset:
 
         Only records the choice (and checks the arguments); the tokenizer loads at :meth:`encode`.
         """
-        template = resolve("template", template_cls)
-        if isinstance(template, type):
-            template = template(model_id=model_id, max_length=max_length,
-                                truncation_strategy=truncation_strategy or "raise", **kwargs)
-        elif model_id is not None or max_length is not None or kwargs:
-            raise ValueError("set_template got a Template instance and settings; set them on the instance instead.")
-        if not hasattr(template, "batch_encode"):
-            raise TypeError(f"{type(template).__name__} is not a Template (it has no batch_encode).")
-        self.template = template
-        return template
+        self.template = build_template(template_cls, model_id, max_length, truncation_strategy, **kwargs)
+        return self.template
 
     def encode(self, num_proc: int | None = None, batch_size: int = 1000, **map_kwargs: Any) -> Dataset:
         """Tokenize every conversation with the template set by :meth:`set_template`.
@@ -288,6 +281,19 @@ class Dataset:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.hf_dataset)
 
+    def save_as(self, output_path: str, format: str | None = None, batch_size: int = 1000) -> str:
+        """Write the rows as they are now (raw, mapped or encoded) to a jsonl / parquet / csv file.
+
+        Args:
+            output_path: the file; its suffix gives the format unless ``format`` is given.
+            format: ``'jsonl'`` (``'json'``), ``'parquet'`` or ``'csv'`` (flat columns only).
+            batch_size: rows held in memory per write.
+
+        Returns:
+            The path written. Load it back with ``Dataset(DatasetMeta(path))``.
+        """
+        return save_rows(iter(self), output_path, format, batch_size)
+
     @property
     def column_names(self) -> list[str]:
         return self.hf_dataset.column_names
@@ -305,3 +311,17 @@ def _instantiate(obj: Any, init_args: dict[str, Any], kind: str) -> Any:
     if init_args:
         raise ValueError(f"init_args were given but the {kind} is already an instance: {obj!r}.")
     return obj
+
+
+def build_template(template_cls: Any, model_id: str | None = None, max_length: int | None = None,
+                   truncation_strategy: str | None = "raise", **kwargs: Any) -> Template:
+    """A Template from a class, instance or registered name (what every dataset's ``set_template`` takes)."""
+    template = resolve("template", template_cls)
+    if isinstance(template, type):
+        template = template(model_id=model_id, max_length=max_length,
+                            truncation_strategy=truncation_strategy or "raise", **kwargs)
+    elif model_id is not None or max_length is not None or kwargs:
+        raise ValueError("set_template got a Template instance and settings; set them on the instance instead.")
+    if not hasattr(template, "batch_encode"):
+        raise TypeError(f"{type(template).__name__} is not a Template (it has no batch_encode).")
+    return template
