@@ -11,12 +11,14 @@ that order, so the batches are the same as with no workers.
 Progress is counted in raw global rows (``consumed_train_samples``), so a resumed run knows where
 it stands from that count alone: the stream is reopened at that position, by seeking the sources
 where their format allows and by re-reading otherwise (see ``IterableDataset.rows``); nothing before
-it is mapped or encoded again. An epoch is one pass of the stream; resuming in a later epoch
-counts the stream's rows once (``IterableDataset.num_rows``).
+it is mapped or encoded again (a pack stream is the exception: its packs are rebuilt up to there).
+An epoch is one pass of the stream; resuming in a later epoch counts the stream's rows once
+(``IterableDataset.num_rows``).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,9 +47,18 @@ class StreamBatches:
                          data_world_size=self.data_world_size, shuffle=False, seed=self.seed)
 
     def position(self, consumed: int) -> tuple[int, int]:
-        """(epoch, batch) after ``consumed`` global rows."""
-        if consumed == 0:
-            return 0, 0
+        """(epoch, batch) after ``consumed`` global rows.
+
+        A count on a batch boundary of the first epoch is taken as such without counting the stream;
+        :meth:`epoch_is_done` tells the caller when the stream ends there, and then (or for any other
+        count) the epoch's length is counted once to place it.
+        """
+        if consumed % self.batch_size == 0 and self._num_rows is None:
+            return 0, consumed // self.batch_size
+        return self.plan().position(consumed)
+
+    def placed(self, consumed: int) -> tuple[int, int]:
+        """(epoch, batch) after ``consumed`` global rows, counting the stream's length once."""
         return self.plan().position(consumed)
 
     def chunks(self, epoch: int, first_batch: int) -> Iterator[tuple[int, int, list[tuple[str, Any]]]]:
@@ -166,7 +177,11 @@ class StreamLoader:
         return self.plan.position(consumed)
 
     def epoch_at(self, consumed: int) -> int:
-        return self.batches_from(consumed)[0]
+        if self._epoch_start is not None and consumed == self._epoch_start[0]:
+            return self._epoch_start[1]
+        if self._live is not None and consumed == self._live[0]:
+            return self._live[1]
+        return self.plan.placed(consumed)[0] if consumed else 0
 
     def batches(self, consumed: int, processor: Any) -> Iterator[tuple[int, Any]]:
         if self._live is not None and self._live[0] == consumed and self._live[2] is processor:
@@ -175,6 +190,15 @@ class StreamLoader:
         else:
             epoch, first = self.batches_from(consumed)
             it = epoch_batches(self.plan, epoch, first, self.num_workers, processor)
+            if epoch == 0 and first > 0 and self.plan._num_rows is None:
+                # taken as a position in the first epoch without counting: if the stream ends right there,
+                # the count was in a later epoch, which only the stream's length can place
+                head = next(it, None)
+                if head is None:
+                    epoch, first = self.plan.placed(consumed)
+                    it = epoch_batches(self.plan, epoch, first, self.num_workers, processor)
+                else:
+                    it = itertools.chain([head], it)
         position, yielded = consumed, False
         for size, batch in it:
             position += size

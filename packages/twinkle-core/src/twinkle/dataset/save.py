@@ -68,6 +68,7 @@ def save_rows(rows: Iterable[dict[str, Any]], output_path: str, format: str | No
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     writer: Any = None
+    schema: Any = None
     try:
         with open(tmp, "wb") as f:
             for batch in _batches(rows, batch_size):
@@ -75,8 +76,9 @@ def save_rows(rows: Iterable[dict[str, Any]], output_path: str, format: str | No
                 if fmt == "jsonl":
                     f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in batch).encode())
                     continue
-                table = pa.Table.from_pylist(batch, schema=writer.schema if writer is not None else None)
+                table = pa.Table.from_pylist(batch, schema=schema)  # every batch in the first one's schema
                 if writer is None:
+                    schema = table.schema
                     if fmt == "parquet":
                         import pyarrow.parquet as pq
 

@@ -68,11 +68,13 @@ class DropLog:
 
 
 def apply_steps(steps: Sequence[Step], rows: list[dict[str, Any]], indices: list[int],
-                sources: Sequence[str | None] | None = None, drops: DropLog | None = None) -> list[dict[str, Any]]:
+                sources: Sequence[str | None] | None = None, drops: DropLog | None = None,
+                one_to_one: str | None = None) -> list[dict[str, Any]]:
     """Run ``steps`` over ``rows`` (stream/table positions ``indices``, source keys ``sources``).
 
     Consecutive rows of one source go through together; a step bound to another source passes
     them unchanged. Returns the surviving rows in order (a batched step may also split rows).
+    ``one_to_one`` (the caller's name) makes a step that drops or splits a row an error naming it.
     """
     if not steps or not rows:
         return rows
@@ -87,7 +89,13 @@ def apply_steps(steps: Sequence[Step], rows: list[dict[str, Any]], indices: list
         for step in steps:
             if step.source is not None and step.source != sources[start]:
                 continue
+            before = run_idx
             run, run_idx = _apply(step, run, run_idx, drops)
+            if one_to_one and len(run) != len(before):
+                lost = sorted(set(before) - set(run_idx)) or before[:1]
+                raise DataError(f"{step.kind}({step.name}) turned rows {before[0]}..{before[-1]} into {len(run)} rows "
+                                f"(row {lost[0]} first); {one_to_one} needs one row per row. Filter such rows first "
+                                "(dataset.filter), or use Dataset, which can drop and split rows.")
             if not run:
                 break
         out += run
