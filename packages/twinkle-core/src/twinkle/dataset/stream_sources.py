@@ -23,6 +23,9 @@ from twinkle.hub import resolve_path
 #: rows per record batch read from parquet / arrow / lance
 READ_BATCH = 1024
 SEEKABLE = (".parquet", ".arrow", ".lance")
+#: bytes of a text file parsed at a time (datasets reads 10 MiB, whose parsed table is several times that; a
+#: smaller chunk keeps a stream's memory small and independent of the file's size)
+STREAM_CHUNKS: dict[str, dict[str, Any]] = {"json": {"chunksize": 1 << 20}, "text": {"chunksize": 1 << 20}}
 STREAM_SUFFIXES = (*FILE_BUILDERS, ".lance")
 
 
@@ -179,7 +182,8 @@ def _hf_stream(path: str, suffix: str, **load_kwargs: Any) -> Any:
     import datasets
 
     builder, extra = FILE_BUILDERS[suffix]
-    return datasets.load_dataset(builder, data_files=path, split="train", streaming=True, **extra, **load_kwargs)
+    kwargs = {**STREAM_CHUNKS.get(builder, {}), **extra, **load_kwargs}
+    return datasets.load_dataset(builder, data_files=path, split="train", streaming=True, **kwargs)
 
 
 def _iter_hf(path: str, suffix: str, start: int, **load_kwargs: Any) -> Iterator[dict[str, Any]]:
