@@ -131,3 +131,20 @@ def test_training_on_packs_equals_training_on_the_same_rows_unpacked(packed):
     # the steps moved the weights far beyond that bound, so the comparison could fail
     moved = [k for k in a if not torch.allclose(a[k], initial[k], rtol=1e-4, atol=1e-5)]
     assert len(moved) > len(a) // 2
+
+
+def test_rl_rows_pack_whole_with_their_per_token_fields():
+    """RL rows carry per-token fields; a pack keeps each row whole and its fields aligned with its tokens,
+    and the losses' sequence view finds every row as one sequence."""
+    from twinkle.loss.token_inputs import segment_ids
+
+    rows = [{"input_ids": list(range(10 * k + 1, 10 * k + 1 + n)), "labels": list(range(10 * k + 1, 10 * k + 1 + n)),
+             "advantages": [float(k)] * n, "weights": [1.0] * n} for k, n in enumerate([5, 3, 7, 2, 6])]
+    packs = [pack_row([rows[i] for i in p]) for p in pack_lengths([len(r["input_ids"]) for r in rows], 10)]
+    batch = InputProcessor(padding_free=True)(packs)
+    segments = segment_ids(batch, batch["input_ids"].shape, torch.device("cpu"))[0].tolist()
+    ids, adv = batch["input_ids"][0].tolist(), batch["advantages"][0].tolist()
+    found = {}
+    for seg, tok, a in zip(segments, ids, adv):
+        found.setdefault(seg, []).append((tok, a))
+    assert sorted(found.values()) == sorted([(t, r["advantages"][0]) for t in r["input_ids"]] for r in rows)
