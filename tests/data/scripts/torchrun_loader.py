@@ -1,4 +1,4 @@
-"""Run under torchrun (2 ranks): build the seed-003 dataset and its stream on every rank; record the batches."""
+"""Run under torchrun (2 ranks): build the self-cognition dataset and its stream on every rank; record the batches."""
 
 import json
 import os
