@@ -46,6 +46,7 @@ def test_lazy_rows_equal_the_eager_rows_and_are_encoded_only_when_read(corpus, e
     assert lazy[5] == eager[5] and calls == [5]  # cached
     assert lazy[[7, 5, -1]] == [eager[7], eager[5], eager[len(ROWS) - 1]]
     assert list(lazy) == list(eager)
+    assert list(DataLoader(lazy, batch_size=8, seed=1)) == list(DataLoader(eager, batch_size=8, seed=1))
     with pytest.raises(IndexError):
         lazy[len(ROWS)]
 
