@@ -8,7 +8,7 @@ import pytest
 
 import twinkle.runtime
 from twinkle.dataloader import DataLoader
-from twinkle.dataset import DataError, Dataset, DatasetMeta
+from twinkle.dataset import DataError, Dataset, DatasetMeta, IterableDataset
 from twinkle.mesh import DeviceMesh
 from twinkle.processor import InputProcessor
 
@@ -160,6 +160,16 @@ def test_torchrun_two_ranks_split_the_seed_flow(tmp_path):
     for b, whole in enumerate(single):
         a, c = ranks[0]["batches"][b], ranks[1]["batches"][b]
         assert a == whole[0::2] and c == whole[1::2]
+    # the streamed rows: 2 ranks x 2 workers, resumed after 2 batches, give the one-process stream's batches
+    stream = IterableDataset(DatasetMeta("twinkle://self-cognition", data_slice=range(40)))
+    stream.set_template("Qwen3_5Template", max_length=128)
+    stream.map(SelfCognitionProcessor("twinkle大模型", "ModelScope社区")).encode()
+    streamed = [[row["input_ids"] for row in batch]
+                for batch in DataLoader(stream, batch_size=8, seed=7, shuffle_buffer=16, device_mesh=DeviceMesh())]
+    assert len(streamed) == 5 and all(r["stream_state"] == {"consumed_train_samples": 40} for r in ranks)
+    assert sorted(map(tuple, sum(streamed, []))) == sorted(map(tuple, sum(single, [])))  # the same rows
+    for b, whole in enumerate(streamed):
+        assert ranks[0]["stream_batches"][b] == whole[0::2] and ranks[1]["stream_batches"][b] == whole[1::2]
 
 
 def test_the_epoch_order_is_drawn_once_per_epoch_when_the_loader_is_reentered(dataset, monkeypatch):

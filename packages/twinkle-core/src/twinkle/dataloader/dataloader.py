@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from twinkle.dataloader.sampler import BatchPlan
+from twinkle.dataloader.stream import StreamBatches, StreamLoader
 from twinkle.dataset.errors import DataError
 from twinkle.mesh import DeviceMesh
 from twinkle.registry import resolve
@@ -26,6 +27,10 @@ class DataLoader:
     orders each epoch by a permutation seeded with (``seed``, epoch); ``seed`` defaults to the
     one given to ``twinkle.initialize`` or 42. ``device_mesh``/``rank`` default to the runtime's;
     ``rank`` (a global rank) lets tests simulate any rank in one process.
+
+    Over an :class:`~twinkle.dataset.IterableDataset` (see :mod:`twinkle.dataloader.stream`):
+    ``shuffle`` is a shuffle buffer of ``shuffle_buffer`` rows seeded with (``seed``, epoch), and
+    ``num_workers`` worker processes map and encode the batches; ``len()`` is not known.
     """
 
     def __init__(
@@ -39,15 +44,25 @@ class DataLoader:
         processor: Any = None,
         *,
         rank: int | None = None,
+        shuffle_buffer: int = 1000,
+        num_workers: int = 0,
     ) -> None:
         from twinkle.runtime import get_runtime
 
         if callable(dataset) and not hasattr(dataset, "__len__"):
             dataset = dataset()  # a factory, e.g. to build the dataset where the loader lives
-        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        stream = getattr(dataset, "is_stream", False)
+        if not stream and (not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__")):
             raise TypeError(
-                f"DataLoader needs a Dataset (or anything with len() and []), got {type(dataset).__name__}."
+                f"DataLoader needs a Dataset (or anything with len() and []) or an IterableDataset, got "
+                f"{type(dataset).__name__}."
             )
+        for name, value in (("shuffle_buffer", shuffle_buffer), ("num_workers", num_workers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise DataError(f"{name} must be a non-negative integer, got {value!r}.")
+        if num_workers and not stream:
+            raise DataError("num_workers applies to an IterableDataset; a map-style Dataset is read in-process "
+                            "(use LazyDataset or encode(num_proc=...) to spread its work).")
         runtime = get_runtime()
         self.dataset = dataset
         # A Ray driver reads whole global batches; its remote model slices them per rank (slice_dp).
@@ -55,14 +70,25 @@ class DataLoader:
         self.device_mesh = device_mesh or (DeviceMesh() if driver else runtime.device_mesh)
         self.rank = runtime.rank if rank is None else rank
         self.data_rank = self.device_mesh.data_rank(self.rank)
-        if len(dataset) == 0:
-            raise DataError("DataLoader got an empty dataset (0 rows).")
-        self.plan = BatchPlan(
-            num_rows=len(dataset), batch_size=batch_size,
-            min_batch_size=batch_size if min_batch_size is None else min_batch_size,
-            data_world_size=self.device_mesh.data_world_size, shuffle=shuffle,
-            seed=(runtime.seed if runtime.seed is not None else 42) if seed is None else seed,
-        )
+        seed = (runtime.seed if runtime.seed is not None else 42) if seed is None else seed
+        min_batch_size = batch_size if min_batch_size is None else min_batch_size
+        self.stream: StreamLoader | None = None
+        if stream:
+            # validates batch_size / min_batch_size / seed as for a map-style dataset
+            BatchPlan(num_rows=batch_size, batch_size=batch_size, min_batch_size=min_batch_size,
+                      data_world_size=self.device_mesh.data_world_size, shuffle=shuffle, seed=seed)
+            self.stream = StreamLoader(StreamBatches(
+                dataset, batch_size, min_batch_size, self.data_rank, self.device_mesh.data_world_size,
+                shuffle_buffer if shuffle else 0, seed), num_workers)
+            self._batch_size = batch_size
+        else:
+            if len(dataset) == 0:
+                raise DataError("DataLoader got an empty dataset (0 rows).")
+            self.plan = BatchPlan(
+                num_rows=len(dataset), batch_size=batch_size, min_batch_size=min_batch_size,
+                data_world_size=self.device_mesh.data_world_size, shuffle=shuffle, seed=seed,
+            )
+            self._batch_size = self.plan.batch_size
         self.processor: Callable[[list[dict[str, Any]]], Any] | None = None
         if processor is not None:
             self.set_processor(processor)
@@ -71,7 +97,7 @@ class DataLoader:
 
     @property
     def batch_size(self) -> int:
-        return self.plan.batch_size
+        return self._batch_size
 
     def set_processor(self, processor_cls: Any, **kwargs: Any) -> None:
         """Collate each rank's rows with an InputProcessor (instance, class or registered name)."""
@@ -86,13 +112,23 @@ class DataLoader:
 
     def __len__(self) -> int:
         """Global batches per epoch."""
+        if self.stream is not None:
+            raise TypeError("A DataLoader over an IterableDataset has no length: the stream's is known only once "
+                            "it has been read.")
         return self.plan.batches_per_epoch
 
     @property
     def epoch(self) -> int:
+        if self.stream is not None:
+            return self.stream.epoch_at(self._consumed)
         return self._consumed // self.plan.samples_per_epoch
 
     def __iter__(self) -> Iterator[Any]:
+        if self.stream is not None:
+            for size, batch in self.stream.batches(self._consumed, self.processor):
+                self._consumed += size
+                yield batch
+            return
         epoch, first = self.plan.position(self._consumed)
         order = self._epoch_order(epoch)
         for batch in range(first, self.plan.batches_per_epoch):
@@ -118,9 +154,13 @@ class DataLoader:
 
     def resume_from_checkpoint(self, consumed_train_samples: int) -> None:
         """Continue after ``consumed_train_samples`` global samples, exactly where that run was."""
-        self.plan.position(consumed_train_samples)  # validates before changing anything
+        if self.stream is not None:
+            self.stream.batches_from(consumed_train_samples)  # validates before changing anything
+        else:
+            self.plan.position(consumed_train_samples)  # validates before changing anything
         self._consumed = consumed_train_samples
 
     def __repr__(self) -> str:
-        return (f"DataLoader(batch_size={self.batch_size}, batches={len(self)}, data_rank={self.data_rank}/"
+        batches = "stream" if self.stream is not None else len(self)
+        return (f"DataLoader(batch_size={self.batch_size}, batches={batches}, data_rank={self.data_rank}/"
                 f"{self.device_mesh.data_world_size}, consumed={self._consumed})")

@@ -10,9 +10,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twinkle.dataset import transforms
+from twinkle.dataset.batched import PROBE_ROWS, BatchCall
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.loading import load_source
 from twinkle.dataset.meta import DatasetMeta
+from twinkle.dataset.save import save_rows
+from twinkle.dataset.steps import map_step
 from twinkle.registry import resolve
 
 if TYPE_CHECKING:
@@ -123,6 +126,8 @@ class Dataset:
         strict: bool = True,
         num_proc: int | None = None,
         batch_size: int = 1000,
+        batched: bool | None = None,
+        remove_columns: Sequence[str] = (),
         **map_kwargs: Any,
     ) -> Dataset:
         """Apply a preprocessor (instance, class, registered name) or a plain function to every row.
@@ -132,6 +137,14 @@ class Dataset:
         counted in a warning. A plain function ``fn(row) -> dict`` updates columns like
         ``datasets.map``. ``map_kwargs`` go to ``datasets.Dataset.map``; results are recomputed unless
         ``load_from_cache_file=True`` (a cached result could predate a code change).
+
+        Args:
+            batched: ``True``: ``fn`` takes a dict of columns and returns one (upstream Twinkle's and
+                ``datasets``' batched convention); it may return fewer or more rows than it got, and
+                then must return every column to keep (others go with ``remove_columns``).
+                ``False``: ``fn`` takes one row. ``None`` (default): probed on the first rows; a
+                function that reads both ways differently is refused with a message naming it.
+            remove_columns: input columns a batched function's output drops.
         """
         proc = _instantiate(resolve("preprocessor", preprocessor), init_args or {}, "preprocessor")
         if not callable(proc):
@@ -151,11 +164,22 @@ class Dataset:
                              **{"load_from_cache_file": False, **map_kwargs})
                 out = transforms.drop_marked(out, f"map({name}) on {self._metas[key].describe()}", num_proc)
             else:
-                out = ds.map(transforms.RowCall(proc, "map"), with_indices=True, num_proc=num_proc,
-                             **{"load_from_cache_file": False, **map_kwargs})
+                step = map_step(proc, batched, self._probe_rows(ds), source=None, strict=strict,
+                                remove_columns=remove_columns)
+                if step.kind == "batched":
+                    out = ds.map(BatchCall(proc, remove_columns), batched=True, with_indices=True,
+                                 batch_size=batch_size, remove_columns=ds.column_names, num_proc=num_proc,
+                                 **{"load_from_cache_file": False, **map_kwargs})
+                else:
+                    out = ds.map(transforms.RowCall(proc, "map"), with_indices=True, num_proc=num_proc,
+                                 **{"load_from_cache_file": False, **map_kwargs})
             updated[key] = out
         self._replace(updated)
         return self
+
+    @staticmethod
+    def _probe_rows(ds: Any) -> list[dict[str, Any]]:
+        return transforms.to_rows(ds[:PROBE_ROWS]) if len(ds) else []
 
     def filter(self, fn: Callable[[dict[str, Any]], bool], dataset_meta: DatasetMeta | None = None, *,
                num_proc: int | None = None, **filter_kwargs: Any) -> Dataset:
@@ -180,16 +204,8 @@ class Dataset:
 
         Only records the choice (and checks the arguments); the tokenizer loads at :meth:`encode`.
         """
-        template = resolve("template", template_cls)
-        if isinstance(template, type):
-            template = template(model_id=model_id, max_length=max_length,
-                                truncation_strategy=truncation_strategy or "raise", **kwargs)
-        elif model_id is not None or max_length is not None or kwargs:
-            raise ValueError("set_template got a Template instance and settings; set them on the instance instead.")
-        if not hasattr(template, "batch_encode"):
-            raise TypeError(f"{type(template).__name__} is not a Template (it has no batch_encode).")
-        self.template = template
-        return template
+        self.template = build_template(template_cls, model_id, max_length, truncation_strategy, **kwargs)
+        return self.template
 
     def encode(self, num_proc: int | None = None, batch_size: int = 1000, **map_kwargs: Any) -> Dataset:
         """Tokenize every conversation with the template set by :meth:`set_template`.
@@ -265,6 +281,19 @@ class Dataset:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.hf_dataset)
 
+    def save_as(self, output_path: str, format: str | None = None, batch_size: int = 1000) -> str:
+        """Write the rows as they are now (raw, mapped or encoded) to a jsonl / parquet / csv file.
+
+        Args:
+            output_path: the file; its suffix gives the format unless ``format`` is given.
+            format: ``'jsonl'`` (``'json'``), ``'parquet'`` or ``'csv'`` (flat columns only).
+            batch_size: rows held in memory per write.
+
+        Returns:
+            The path written. Load it back with ``Dataset(DatasetMeta(path))``.
+        """
+        return save_rows(iter(self), output_path, format, batch_size)
+
     @property
     def column_names(self) -> list[str]:
         return self.hf_dataset.column_names
@@ -282,3 +311,17 @@ def _instantiate(obj: Any, init_args: dict[str, Any], kind: str) -> Any:
     if init_args:
         raise ValueError(f"init_args were given but the {kind} is already an instance: {obj!r}.")
     return obj
+
+
+def build_template(template_cls: Any, model_id: str | None = None, max_length: int | None = None,
+                   truncation_strategy: str | None = "raise", **kwargs: Any) -> Template:
+    """A Template from a class, instance or registered name (what every dataset's ``set_template`` takes)."""
+    template = resolve("template", template_cls)
+    if isinstance(template, type):
+        template = template(model_id=model_id, max_length=max_length,
+                            truncation_strategy=truncation_strategy or "raise", **kwargs)
+    elif model_id is not None or max_length is not None or kwargs:
+        raise ValueError("set_template got a Template instance and settings; set them on the instance instead.")
+    if not hasattr(template, "batch_encode"):
+        raise TypeError(f"{type(template).__name__} is not a Template (it has no batch_encode).")
+    return template

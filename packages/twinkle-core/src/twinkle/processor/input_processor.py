@@ -4,7 +4,8 @@ Padded (default): ``input_ids``/``labels``/``attention_mask``/``position_ids`` o
 ``(batch, longest)``; pads are ``pad_token_id``, label -100, mask 0, position 0.
 
 Packed (``padding_free=True``): every row concatenated into one row of shape ``(1, total)``;
-``position_ids`` restart at 0 for each sequence and there is no ``attention_mask`` — the
+``position_ids`` restart at 0 for each sequence (a row that is already a pack, from
+``PackingDataset``, keeps its own restarts) and there is no ``attention_mask`` — the
 convention of HF's ``DataCollatorWithFlattening``, which transformers turns into per-sequence
 attention (varlen FlashAttention, or a block-diagonal mask for sdpa/eager). The first label of
 every sequence is -100 so no position learns to predict across a sequence boundary.
@@ -71,10 +72,11 @@ class InputProcessor:
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         seqs = self._check(rows)
+        positions = self._positions(rows, seqs)
         if self.media_collator is not None or _has_media(rows):
             batch = self._multimodal(rows, seqs)
         else:
-            batch = self._pack(seqs) if self.padding_free else self._pad(seqs)
+            batch = self._pack(seqs, positions) if self.padding_free else self._pad(seqs)
         batch.update(self._token_fields(rows, [len(ids) for ids, _ in seqs]))
         if self.device is not None:
             batch = {k: v.to(self.device) for k, v in batch.items()}
@@ -101,6 +103,26 @@ class InputProcessor:
         if len({labels is None for _, labels in seqs}) > 1:
             raise DataError("some rows of the batch have labels and some do not; encode them the same way.")
         return seqs
+
+    def _positions(self, rows: Sequence[Mapping[str, Any]], seqs: list[tuple[list[int], list[int] | None]]
+                   ) -> list[list[int]]:
+        """Each row's position ids: its own ``position_ids`` (a pack's restart at every packed row), else 0..n-1."""
+        out = []
+        for i, (row, (ids, _)) in enumerate(zip(rows, seqs)):
+            given = row.get("position_ids") if isinstance(row, Mapping) else None
+            if given is None:
+                out.append(list(range(len(ids))))
+                continue
+            pos = [int(p) for p in given]
+            if len(pos) != len(ids) or pos[0] != 0:
+                raise DataError(f"row {i}: position_ids must start at 0 and give one value per input_id "
+                                f"({len(pos)} for {len(ids)}).")
+            if not self.padding_free and 0 in pos[1:]:
+                raise DataError(f"row {i} is a pack (its position_ids restart at 0 inside the row); packs need "
+                                "InputProcessor(padding_free=True), which keeps attention and labels within each "
+                                "packed sequence.")
+            out.append(pos)
+        return out
 
     def _token_fields(self, rows: Sequence[Mapping[str, Any]], lengths: list[int]) -> dict[str, Any]:
         """The rows' per-token fields, padded like input_ids (0) or concatenated when packing."""
@@ -147,17 +169,18 @@ class InputProcessor:
                 cols[key].append(values + [fill] * pad if self.padding_side == "right" else [fill] * pad + values)
         return {k: torch.tensor(v, dtype=torch.long) for k, v in cols.items()}
 
-    def _pack(self, seqs: list[tuple[list[int], list[int] | None]]) -> dict[str, Any]:
+    def _pack(self, seqs: list[tuple[list[int], list[int] | None]], positions: list[list[int]]) -> dict[str, Any]:
         import torch
 
         ids_all: list[int] = []
         pos_all: list[int] = []
         labels_all: list[int] = []
-        for ids, labels in seqs:
+        for (ids, labels), pos in zip(seqs, positions):
             ids_all += ids
-            pos_all += range(len(ids))
+            pos_all += pos
             if labels is not None:
-                labels_all += [IGNORE_INDEX] + labels[1:]
+                # a sequence's first label would be predicted from the previous sequence's last token
+                labels_all += [IGNORE_INDEX if p == 0 else label for p, label in zip(pos, labels)]
         batch = {"input_ids": torch.tensor([ids_all], dtype=torch.long),
                  "position_ids": torch.tensor([pos_all], dtype=torch.long)}
         if seqs[0][1] is not None:

@@ -1,0 +1,103 @@
+"""Bin-packing encoded rows into packs of at most ``max_length`` tokens, and building a pack row.
+
+The packer is best-fit decreasing: rows longest first, each into the open pack with the least room
+that still fits it (a new pack when none does). Best fit needs "the smallest remaining room >= L";
+remaining rooms are integers <= max_length, so a sorted list of the distinct rooms (at most
+max_length + 1 of them) plus a stack of packs per room answers it with one bisect. That keeps
+packing O(n log max_length) at a million rows, where the ``binpacking`` package's constant-volume
+packer scans every open bin for every item.
+
+A pack row holds its rows' tokens end to end and ``position_ids`` that restart at 0 at each row:
+:class:`~twinkle.processor.InputProcessor` (``padding_free=True``) reads the restarts as sequence
+boundaries, masks the label at each start, and transformers attends within each sequence only.
+Rows are never split, so an RL row or a preference answer stays whole in one pack.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from twinkle.dataset.errors import DataError
+
+#: per-token columns concatenated into a pack (RL rows' fields too); anything else cannot be packed
+PACKED_TOKEN_COLUMNS = ("input_ids", "labels", "target_tokens", "weights", "logprobs", "advantages", "ref_logprobs")
+#: per-row columns a pack may drop: recomputed (length, position_ids) or implied (attention_mask all ones)
+REBUILT_COLUMNS = ("length", "position_ids", "attention_mask")
+
+
+def pack_lengths(lengths: Sequence[int], max_length: int, first_index: int = 0) -> list[list[int]]:
+    """Best-fit-decreasing packs of ``lengths`` (each a list of positions into ``lengths``).
+
+    Ties keep the input order (a stable sort), so the result is a pure function of the lengths.
+    ``first_index`` only shifts the row numbers in the error for a row longer than ``max_length``.
+    """
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise DataError(f"max_length for packing must be a positive integer, got {max_length!r}.")
+    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    packs: list[list[int]] = []
+    rooms: list[int] = []  # sorted distinct remaining rooms of the open packs
+    by_room: dict[int, list[int]] = {}  # room -> open packs with that room (a stack: the newest first)
+    for i in order:
+        n = int(lengths[i])
+        if n > max_length or n < 1:
+            raise DataError(f"row {first_index + i} has {n} tokens; packing needs 1..max_length={max_length}. "
+                            "Encode with the same max_length and a truncation_strategy ('delete', 'right', 'left').")
+        at = bisect.bisect_left(rooms, n)
+        if at == len(rooms):
+            pack, room = len(packs), max_length - n
+            packs.append([i])
+        else:
+            room = rooms[at]
+            stack = by_room[room]
+            pack = stack.pop()
+            if not stack:
+                del by_room[room]
+                del rooms[at]
+            packs[pack].append(i)
+            room -= n
+        if room:
+            if room not in by_room:
+                bisect.insort(rooms, room)
+                by_room[room] = []
+            by_room[room].append(pack)
+    return packs
+
+
+@dataclass(frozen=True)
+class PackReport:
+    """How full the packs are: ``fill_ratio`` = tokens / (packs x max_length)."""
+
+    rows: int
+    packs: int
+    tokens: int
+    max_length: int
+
+    @property
+    def fill_ratio(self) -> float:
+        return self.tokens / (self.packs * self.max_length) if self.packs else 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"rows": self.rows, "packs": self.packs, "tokens": self.tokens, "max_length": self.max_length,
+                "fill_ratio": self.fill_ratio}
+
+
+def pack_row(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One pack row from encoded rows: per-token columns end to end, ``position_ids`` restarting per row."""
+    if not rows:
+        raise DataError("a pack needs at least one row.")
+    columns = [c for c in PACKED_TOKEN_COLUMNS if c in rows[0]]
+    for k, row in enumerate(rows):
+        other = [c for c in row if c not in PACKED_TOKEN_COLUMNS and c not in REBUILT_COLUMNS]
+        if other:
+            raise DataError(f"cannot pack a row with columns {other} (pack row {k}): only token rows (input_ids, "
+                            "labels and per-token RL fields) pack; images/videos and pair columns need padded batches.")
+        if [c for c in PACKED_TOKEN_COLUMNS if c in row] != columns:
+            raise DataError(f"rows of one pack carry different token columns ({columns} and "
+                            f"{[c for c in PACKED_TOKEN_COLUMNS if c in row]}); encode them the same way.")
+    out: dict[str, Any] = {c: [v for row in rows for v in row[c]] for c in columns}
+    out["position_ids"] = [p for row in rows for p in range(len(row["input_ids"]))]
+    out["length"] = len(out["input_ids"])
+    return out
