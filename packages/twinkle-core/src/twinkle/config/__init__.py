@@ -12,9 +12,10 @@ Only the standard library is imported; PyYAML only when a YAML file is read.
 """
 
 from twinkle.config.build import Config, build, check_required
+from twinkle.config.files import load_file
 from twinkle.config.help import render_help
 from twinkle.config.schema import ConfigError, Schema, Spec, opt, resolve, schema_of
-from twinkle.config.sources import Layer, from_argv, from_env, from_mapping, load_file
+from twinkle.config.sources import Layer, from_argv, from_env, from_mapping
 from twinkle.config.values import coerce
 
 __all__ = [

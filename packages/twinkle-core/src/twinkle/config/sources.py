@@ -6,13 +6,11 @@ in order, later ones winning (``CLI.parse``: defaults < ``--config`` file < ``TW
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path
 from typing import Any
 
-from twinkle.config.schema import ConfigError, Schema, Spec, dash, norm, resolve, unknown
+from twinkle.config.schema import ConfigError, Schema, Spec, brief, dash, norm, resolve, unknown
 from twinkle.config.values import FALSE_WORDS, TRUE_WORDS, coerce, parse_extra
 
 ENV_PREFIX = "TWINKLE_"
@@ -40,8 +38,8 @@ def _set(layer: Layer, schema: Schema, name: str, value: Any, option: str) -> bo
     parsed = (not parsed) if negated else parsed
     key = (spec.group, spec.name)
     if key in layer.fields and layer.fields[key] != parsed:
-        raise ConfigError(f"{option}: also set as {layer.written[key]} ({layer.fields[key]!r} there, {parsed!r} "
-                          f"here); set {spec.dotted} once.", option=option, value=value)
+        raise ConfigError(f"{option}: also set as {layer.written[key]} ({brief(layer.fields[key])} there, "
+                          f"{brief(parsed)} here); set {spec.dotted} once.", option=option, value=value)
     layer.fields[key], layer.written[key] = parsed, option
     return True
 
@@ -71,7 +69,7 @@ def from_mapping(schema: Schema, data: Mapping[str, Any], source: str | None = N
                 value = _set_fields(schema, group, value)
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{prefix}{raw_key}: '{raw_key}' is an option group and needs a table of fields, "
-                                  f"got {value!r}.", option=f"{prefix}{raw_key}", value=value)
+                                  f"got {brief(value)}.", option=f"{prefix}{raw_key}", value=value)
             for raw_name, item in value.items():
                 _set(layer, schema, f"{group}.{raw_name}", item, f"{prefix}{raw_key}.{raw_name}")
         elif not _set(layer, schema, key, value, f"{prefix}{raw_key}"):
@@ -107,50 +105,6 @@ def warn_if_misspelled(schema: Schema, key: str, where: str) -> None:
     if close:
         warnings.warn(f"{where} is not a twinkle option and was kept in extra; did you mean {close[0]!r}? (Put a "
                       "script's own keys under 'extra:' to silence this.)", UserWarning, stacklevel=4)
-
-
-def load_file(path: str | Path) -> dict[str, Any]:
-    """A ``.yaml``/``.yml`` (PyYAML, imported only here) or ``.toml`` file as a mapping (empty file: ``{}``)."""
-    path = Path(path).expanduser()
-    suffix = path.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".toml"):
-        raise _file_error(path, "expected a .yaml, .yml or .toml file.")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _file_error(path, f"cannot read it ({exc.strerror or exc}).") from None
-    loads, parse_error, kind = _parser(suffix, path)
-    try:
-        data = loads(text)
-    except parse_error as exc:
-        raise _file_error(path, f"not valid {kind}: {exc}.") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise _file_error(path, f"the top level must be a mapping of groups, got {type(data).__name__}.")
-    return dict(data)
-
-
-def _file_error(path: Path, message: str) -> ConfigError:
-    return ConfigError(f"config file {path}: {message}", option=str(path), value=str(path))
-
-
-def _parser(suffix: str, path: Path) -> tuple[Callable[[str], Any], type[Exception], str]:
-    """(loads, its error type, the format's name) for a config file; a missing library names its package."""
-    if suffix == ".toml":
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover - exercised on Python 3.10 only
-            try:
-                import tomli as tomllib
-            except ImportError:
-                raise _file_error(path, "reading TOML on Python 3.10 needs tomli: pip install tomli.") from None
-        return tomllib.loads, tomllib.TOMLDecodeError, "TOML"
-    try:
-        import yaml
-    except ImportError:
-        raise _file_error(path, "reading YAML needs PyYAML: pip install pyyaml (or use a .toml file).") from None
-    return yaml.safe_load, yaml.YAMLError, "YAML"
 
 
 def from_env(schema: Schema, environ: Mapping[str, str]) -> Layer:
@@ -189,7 +143,7 @@ def from_argv(schema: Schema, argv: Sequence[str], *, positional_config: bool = 
             layer.help = True
             continue
         if not _is_option(token):
-            raise ConfigError(f"unexpected argument {token!r}: options are written --name value or --name=value "
+            raise ConfigError(f"unexpected argument {brief(token)}: options are written --name value or --name=value "
                               "(booleans: --flag, --no-flag or --flag=false).", option=token, value=token)
         name, eq, inline = token[2:].partition("=")
         value: str | None = inline if eq else None
