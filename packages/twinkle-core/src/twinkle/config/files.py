@@ -53,6 +53,8 @@ def load_file(path: str | Path) -> dict[str, Any]:
     loads, parse_error, kind = _parser(suffix, path)
     try:
         data = loads(text)
+    except RepeatedKey as exc:
+        raise file_error(path, str(exc)) from None
     except parse_error as exc:
         raise file_error(path, f"not valid {kind}: {exc}.") from None
     except RecursionError:
@@ -122,6 +124,10 @@ def _parser(suffix: str, path: Path) -> tuple[Callable[[str], Any], type[Excepti
     return lambda text: _yaml_loads(yaml, text), yaml.YAMLError, "YAML"
 
 
+class RepeatedKey(Exception):
+    """A key given twice in one YAML mapping (the message says where)."""
+
+
 def _yaml_loads(yaml: Any, text: str) -> Any:
     """``yaml.safe_load`` with a key repeated in one mapping refused (the YAML spec says keys are unique)."""
 
@@ -132,12 +138,11 @@ def _yaml_loads(yaml: Any, text: str) -> Any:
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                     continue
                 key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
                 if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while reading a mapping", node.start_mark,
-                        f"the key {str(key)[:80]!r} is given twice (first {seen[key]}); keep one of them",
-                        key_node.start_mark)
-                seen[key] = f"on line {key_node.start_mark.line + 1}"
+                    raise RepeatedKey(f"line {line}: the key {str(key)[:80]!r} is given twice in one table (first on "
+                                      f"line {seen[key]}); YAML keeps only the last, so keep the one you mean.")
+                seen[key] = line
             return super().construct_mapping(node, deep)
 
     return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass: no Python objects
