@@ -26,6 +26,8 @@ class Layer:
     config: str | None = None  # argv only: the config file named on the command line
     help: bool = False  # argv only: -h/--help was given
     written: dict[tuple[str, str], str] = field(default_factory=dict)  # how each field was spelled
+    #: extra keys set under a name that is no option (not through ``extra:``/``--extra.NAME``), as written
+    loose: dict[str, str] = field(default_factory=dict)
 
 
 def _set(layer: Layer, schema: Schema, name: str, value: Any, option: str) -> bool:
@@ -76,7 +78,7 @@ def from_mapping(schema: Schema, data: Mapping[str, Any], source: str | None = N
             if not schema.extra:
                 raise unknown(schema, key, f"{prefix}{raw_key}")
             layer.extra[key] = value  # no field of that name: kept for the script, like an unknown --option
-            warn_if_misspelled(schema, key, f"{prefix}{raw_key!r}")
+            layer.loose[key] = f"{prefix}{raw_key}"  # refused later unless the script declares it (check_declared)
     return layer
 
 
@@ -95,16 +97,29 @@ def _set_fields(schema: Schema, group: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def warn_if_misspelled(schema: Schema, key: str, where: str) -> None:
-    """An unknown key close to a group or option name is most likely a typo: say so (it still goes to extra)."""
+def closest_option(schema: Schema, key: str) -> str | None:
+    """The group or option name an unknown ``key`` most likely misspells, or None."""
     import difflib
-    import warnings
 
     known = [*schema.group_names, *(n for n in [*schema.names, *schema.bare] if "." not in n)]
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
-    if close:
-        warnings.warn(f"{where} is not a twinkle option and was kept in extra; did you mean {close[0]!r}? (Put a "
-                      "script's own keys under 'extra:' to silence this.)", UserWarning, stacklevel=4)
+    return close[0] if close else None
+
+
+def check_declared(schema: Schema, layers: Sequence[Layer], declared: set[str]) -> None:
+    """Every extra key set under a name that is no option must be ``declared`` (a script's own option), else it is
+    most likely a typo (``--learning-rat 0.5``): a ConfigError naming it, the closest option and the ways to
+    declare one."""
+    for layer in layers:
+        for key, written in layer.loose.items():
+            if key in declared:
+                continue
+            close = closest_option(schema, key)
+            hint = f"did you mean --{dash(close)}? " if close else ""
+            raise ConfigError(f"{written}: unknown option; {hint}A script's own option is declared by giving it a "
+                              f"default (CLI.parse(..., {key}=...)), written as --extra.{dash(key)} (extra: in a "
+                              "config file, TWINKLE_EXTRA__NAME), or allowed freely with CLI.parse(..., "
+                              "allow_extra=True).", option=written, value=key)
 
 
 def from_env(schema: Schema, environ: Mapping[str, str]) -> Layer:
@@ -159,7 +174,7 @@ def from_argv(schema: Schema, argv: Sequence[str], *, positional_config: bool = 
         if hit is None:
             if not schema.extra:
                 raise unknown(schema, name, option)
-            i = _extra(layer, schema, norm(name), value, argv, i)
+            i = _extra(layer, schema, norm(name), value, argv, i, option)
             continue
         spec, negated = hit
         if spec.kind == "bool":
@@ -188,15 +203,21 @@ def _put(layer: Layer, spec: Spec, parsed: Any) -> None:
     layer.fields[key] = parsed
 
 
-def _extra(layer: Layer, schema: Schema, key: str, value: str | None, argv: Sequence[str], i: int) -> int:
-    """An option no group defines, for the script's ``extra``; returns the next argument's index."""
-    warn_if_misspelled(schema, key, f"--{dash(key)}")
+def _extra(layer: Layer, schema: Schema, key: str, value: str | None, argv: Sequence[str], i: int,
+           written: str) -> int:
+    """An option no group defines, for the script's ``extra`` (``--extra.NAME``: explicitly so); returns the next
+    argument's index."""
+    explicit = key.startswith("extra.")
+    key = key[len("extra."):] if explicit else key
     if value is None and i < len(argv) and not _is_option(argv[i]):
         value, i = argv[i], i + 1
     if value is not None:
         layer.extra[key] = parse_extra(value)
     elif key.startswith("no_"):
-        layer.extra[key[3:]] = False
+        key = key[3:]
+        layer.extra[key] = False
     else:
         layer.extra[key] = True
+    if not explicit:
+        layer.loose[key] = written
     return i
