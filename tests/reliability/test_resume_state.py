@@ -92,6 +92,18 @@ def test_consumed_samples_beyond_what_the_steps_took_fall_back(finished, tmp_pat
     _resumes_from_step2(wd, caplog, "'consumed_train_samples' is 1000, more than the 16 rows")
 
 
+def test_rows_of_skipped_windows_count_as_taken(finished, tmp_path) -> None:
+    # two windows skipped (inf/NaN) took 2 x 4 rows without a step: 4 steps may then have consumed 24 rows
+    wd, newest = _copy(finished, tmp_path)
+    state = json.loads((newest / store.TRAINER_FILE).read_text())
+    assert (state["skipped_windows"], state["rows_per_step"], state["optimizer"]) == (0, 4, "AdamW")  # recorded
+    _edit_json(newest / "model" / "trainer_state.json", consumed_train_samples=24)
+    _edit_json(newest / store.TRAINER_FILE, consumed_train_samples=24, skipped_windows=2)
+    _recompute_manifests(newest)
+    result = Trainer(**tiny_job(wd, total_step=5, auto_resume=True)).fit()
+    assert result.resumed_from == str(newest) and result.step == 5
+
+
 def test_accumulation_that_disagrees_with_the_config_is_refused(finished, tmp_path, caplog) -> None:
     wd, _ = _copy(finished, tmp_path)
     caplog.set_level(logging.INFO, logger="twinkle")

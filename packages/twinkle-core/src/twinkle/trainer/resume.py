@@ -85,8 +85,9 @@ def check_progress(trainer: Any, path: Path, state: Any, total: int) -> None:
     where = str(path / store.TRAINER_FILE)
     if not isinstance(state, dict):
         raise CheckpointError(f"{where!r} holds {type(state).__name__}, not the Trainer's progress table.")
-    fields = {key: state.get(key, 0 if key == "skipped_windows" else None)
-              for key in ("step", "consumed_train_samples", "skipped_windows")}
+    rows_per_step = trainer.gas * trainer.rows_per_micro_batch  # this run's; the saving run's when recorded
+    fields = {key: state.get(key, {"skipped_windows": 0, "rows_per_step": rows_per_step}.get(key))
+              for key in ("step", "consumed_train_samples", "skipped_windows", "rows_per_step")}
     for key, value in fields.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise CheckpointError(f"{where!r}: field {key!r} must be a non-negative integer, got "
@@ -110,14 +111,12 @@ def check_progress(trainer: Any, path: Path, state: Any, total: int) -> None:
             f"run accumulates {window} micro-batches per step (global_batch_size, dataloader."
             "gradient_accumulation_steps, dataloader.micro_batch_size and intra_layer_micro_batch decide it): resume "
             "with the batching of the run that saved it, or start a new run.")
-    rows_per_step = trainer.gas * trainer.rows_per_micro_batch
-    most = (model["cur_step"] + fields["skipped_windows"]) * rows_per_step
+    most = (model["cur_step"] + fields["skipped_windows"]) * fields["rows_per_step"]
     if model["consumed_train_samples"] > most:
         raise CheckpointError(
             f"{str(model_file)!r}: field 'consumed_train_samples' is {model['consumed_train_samples']}, more than the "
             f"{most} rows {model['cur_step']} steps (and {fields['skipped_windows']} skipped windows) of "
-            f"{rows_per_step} rows take in this run; the file was edited or damaged, or global_batch_size differs from "
-            "the run that saved it.")
+            f"{fields['rows_per_step']} rows took; the files were edited or damaged.")
     if model["cur_step"] > total:
         raise ConfigError(
             f"total_step: this run trains {total} steps, but {str(path)!r} is at step {model['cur_step']}, past its "

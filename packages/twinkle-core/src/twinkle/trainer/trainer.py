@@ -351,7 +351,8 @@ class Trainer:
         consumed = loader.get_state()["consumed_train_samples"]
         state = {"step": step, "consumed_train_samples": consumed, "last_loss": last_loss,
                  "best_eval_loss": None if math.isinf(self.best) else self.best, "run_id": self.run.run_id,
-                 "skipped_windows": self.skipped_windows, "optimizer": self.config.optimizer.name}
+                 "skipped_windows": self.skipped_windows, "optimizer": self.config.optimizer.name,
+                 "rows_per_step": self.gas * self.rows_per_micro_batch}
         event = "after_save_snapshot" if snapshot else "after_save_dcp"
 
         def save_model(tmp: Path) -> Any:
