@@ -25,7 +25,7 @@ from starlette.responses import FileResponse
 from tinker import types
 
 from twinkle_server.auth import KeyStore, key_from_headers
-from twinkle_server.checks import MAX_JSON_DEPTH, encodable, json_depth
+from twinkle_server.checks import MAX_JSON_DEPTH, encodable, json_depth, refuse_bool_numbers
 from twinkle_server.downloads import tar_stream
 from twinkle_server.errors import ApiError
 from twinkle_server.service import Service
@@ -111,6 +111,8 @@ def create_app(service: Service, keys: KeyStore) -> Any:
             raise ApiError(400, f"the body is not valid JSON ({exc}).") from None
         if model is None:
             return data
+        if isinstance(data, dict):
+            refuse_bool_numbers(model, data)
         try:
             return model.model_validate(data)
         except ValidationError as exc:

@@ -267,6 +267,7 @@ class Service(CheckpointOps, SamplingOps):
         try:
             step.metric = self.engine.check_loss(step)
         except UserError as exc:
+            self.scheduler.refused(step.model_id, step.seq_id)  # the owner's: model_row checked it
             raise ApiError(400, str(exc)) from None
         if step.forward_only:
             record = self.submit(owner, "forward", step.model_id, step.seq_id, tokens=step.num_tokens,
@@ -290,6 +291,7 @@ class Service(CheckpointOps, SamplingOps):
         try:
             check_adam(values, self.config.server.max_learning_rate)
         except CheckError as exc:
+            self.scheduler.refused(request.model_id, request.seq_id)
             raise ApiError(400, str(exc)) from None
 
         def run() -> Result:
