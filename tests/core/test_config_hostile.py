@@ -99,13 +99,16 @@ def test_oversized_file_is_refused_before_it_is_read(tmp_path) -> None:
 ])
 def test_optimizer_kwargs_may_not_repeat_a_field(kwargs, named) -> None:
     with pytest.raises(ConfigError, match=rf"optimizer\.kwargs: {named} set the same optimizer argument"):
-        TrainerConfig.from_dict({"total_step": 1, "optimizer": {"lr": 0.001, "kwargs": kwargs}})
+        TrainerConfig.from_dict({"total_step": 1, "optimizer": {"lr": 0.001, "eps": 1e-8, "kwargs": kwargs}})
 
 
-def test_optimizer_kwargs_for_arguments_without_a_field_pass() -> None:
+def test_optimizer_kwargs_for_arguments_without_a_set_field_pass() -> None:
     cfg = TrainerConfig.from_dict({"total_step": 1, "optimizer": {"name": "SGD", "lr": 0.1,
                                                                   "kwargs": {"momentum": 0.9}}})
     assert cfg.optimizer.optimizer_kwargs() == {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.9}
+    # eps is unset (none: the optimizer's default), so kwargs.eps replaces nothing
+    cfg = TrainerConfig.from_dict({"total_step": 1, "optimizer": {"kwargs": {"eps": 1e-6}}})
+    assert cfg.optimizer.optimizer_kwargs()["eps"] == 1e-6
 
 
 @pytest.mark.parametrize("written", ["", "  "])

@@ -63,3 +63,24 @@ def test_a_request_refused_at_the_door_does_not_hold_up_the_next(tmp_path) -> No
     scheduler.refused("m1", 3)
     assert [work for _, work in scheduler._ready(third.enqueued)] == [third]  # 3 and 4 refused: 5 is next
     store.close()
+
+
+def _get(url: str, path: str) -> bytes:
+    """The raw answer to ``GET path`` (httpx refuses URLs over 64 KiB itself, so a socket sends it)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {where.hostname}\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_200_kb_download_token_gets_an_answer_not_a_reset(server) -> None:
+    # h11's default 16 KiB head limit closed this connection while the client was still sending: a reset
+    answer = _get(server.url, "/api/v1/downloads/" + "a" * 200_000)
+    assert answer.startswith(b"HTTP/1.1 414 ") and b"not one this server made" in answer
+    assert _get(server.url, "/api/v1/downloads/" + "a" * 100).startswith(b"HTTP/1.1 403 ")  # not signed: refused

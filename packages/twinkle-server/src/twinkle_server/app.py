@@ -34,6 +34,10 @@ from twinkle_server.wire import PROTO
 logger = logging.getLogger("twinkle_server")
 
 
+#: A download token is a few hundred characters (claims and an HMAC); anything much longer was not made here.
+MAX_TOKEN_CHARS = 4096
+
+
 class BodyLimit:
     """ASGI middleware: 413 for a body over ``limit`` bytes (declared or streamed), 415 for compressed bodies."""
 
@@ -226,6 +230,9 @@ def create_app(service: Service, keys: KeyStore) -> Any:
 
     @app.get("/api/v1/downloads/{token}")
     async def download(token: str) -> Response:
+        if len(token) > MAX_TOKEN_CHARS:  # ours are a few hundred characters: never worth decoding
+            raise ApiError(414, f"this download link is {len(token)} characters long, not one this server made; ask "
+                                "for a new one (get_external_weights_urls).")
         directory, file, name = await run_in_threadpool(service.download, token)
         if file is not None:
             return FileResponse(directory / file, filename=file.rsplit("/", 1)[-1])

@@ -67,9 +67,10 @@ class OptimizerConfig(Config):
     def check(self) -> None:
         if self.betas is not None and (len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas)):
             raise ConfigError(f"betas: {self.betas!r}; expected two numbers in [0, 1), e.g. 0.9,0.95.")
-        # a kwargs key that is also a field would silently replace it (``lr`` in kwargs beat ``optimizer.lr``)
-        fields_ = {norm(spelling): f.name for f in fields(self) if f.name != "kwargs"
-                   for spelling in (f.name, *f.metadata.get("aliases", ()))}
+        # a kwargs key that is also a set field (lr and weight_decay always are: they have defaults) would silently
+        # replace it (``lr`` in kwargs beat ``optimizer.lr``); one of an unset optional field (eps) replaces nothing
+        set_fields = [f for f in fields(self) if f.name != "kwargs" and getattr(self, f.name) is not None]
+        fields_ = {norm(spelling): f.name for f in set_fields for spelling in (f.name, *f.metadata.get("aliases", ()))}
         clash = [(key, fields_[norm(str(key))]) for key in self.kwargs if norm(str(key)) in fields_]
         if clash:
             both = "; ".join(f"kwargs.{key} and {name}" for key, name in clash)
