@@ -50,7 +50,8 @@ def from_mapping(schema: Schema, data: Mapping[str, Any], source: str | None = N
     """Nested ``{group: {field: value}}`` plus top-level fields; a key may also be any option spelling.
 
     A group's value may be a table or an instance of its dataclass. Unknown keys go to ``extra``
-    when the schema has one (with a warning when they look misspelt), else they are errors.
+    when the schema has one (recorded in ``Layer.loose``: :func:`check_declared` refuses the undeclared),
+    else they are errors.
     """
     layer = Layer()
     prefix = f"{source}: " if source else ""
@@ -145,7 +146,7 @@ def from_argv(schema: Schema, argv: Sequence[str], *, positional_config: bool = 
 
     ``positional_config``: a first argument that is no option names the config file (``twinkle train
     job.yaml``). A list option given twice collects both. Unknown names go to ``extra`` when the
-    schema has one, else they are errors.
+    schema has one (``--extra.NAME`` explicitly; others are recorded in ``Layer.loose``), else they are errors.
     """
     layer = Layer()
     i = 0
