@@ -46,6 +46,19 @@ def test_nine_level_bomb_is_refused_too(tmp_path) -> None:
         load_file(path)
 
 
+def test_merge_key_bomb_is_refused_before_it_is_constructed(tmp_path) -> None:
+    # '<<:' copies the aliased mapping's entries when the document is constructed: counted on the nodes, before
+    lines = ["l0: &l0 {" + ", ".join(f"k{i}: 1" for i in range(9)) + "}"]
+    lines += [f"l{i}: &l{i} {{<<: [{', '.join([f'*l{i - 1}'] * 9)}]}}" for i in range(1, 8)]
+    path = tmp_path / "merge.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=rf"merge.yaml: it means more than {MAX_VALUES} values"):
+        load_file(path)
+    small = tmp_path / "defaults.yaml"
+    small.write_text("base: &base {lr: 0.1, name: SGD}\noptimizer: {<<: *base, lr: 0.2}\n")
+    assert load_file(small)["optimizer"] == {"lr": 0.2, "name": "SGD"}  # the everyday use of merge keys
+
+
 def test_self_referencing_alias_is_refused(tmp_path) -> None:
     path = tmp_path / "loop.yaml"
     path.write_text("prober_list: &a [*a]\n")

@@ -67,17 +67,20 @@ def load_file(path: str | Path) -> dict[str, Any]:
     return dict(data)
 
 
-def check_bounds(data: Any, path: Path) -> None:
+def check_bounds(data: Any, path: Path, children: Callable[[Any], list[Any] | None] | None = None) -> None:
     """Refuse ``data`` if it means more than MAX_VALUES values or nests deeper than MAX_DEPTH.
 
     Each container is measured once (by identity) and a shared one counted at every use, so the count is
-    what a walk would meet, found in time proportional to the file, not to the expansion.
+    what a walk would meet, found in time proportional to the file, not to the expansion. ``children``
+    gives a container's children (None: a scalar); by default lists, tuples and mappings are containers.
     """
+    children = children or _data_children
     measured: dict[int, tuple[int, int]] = {}  # id -> (values it means, its depth)
     open_now: set[int] = set()  # containers being measured: meeting one again is a cycle
 
     def measure(value: Any, level: int) -> tuple[int, int]:
-        if not isinstance(value, (list, tuple, Mapping)):
+        items = children(value)
+        if items is None:
             return 1, 0
         key = id(value)
         if key in measured:
@@ -86,9 +89,8 @@ def check_bounds(data: Any, path: Path) -> None:
             raise file_error(path, f"its lists and tables nest deeper than {MAX_DEPTH} levels (or an alias repeats "
                                    "a block inside itself); write the values out flat.")
         open_now.add(key)
-        children = [*value.keys(), *value.values()] if isinstance(value, Mapping) else value
         count, depth = 1, 0
-        for child in children:
+        for child in items:
             n, d = measure(child, level + 1)
             count, depth = count + n, max(depth, d + 1)
             if count > MAX_VALUES:
@@ -100,6 +102,21 @@ def check_bounds(data: Any, path: Path) -> None:
         return count, depth
 
     measure(data, 0)
+
+
+def _data_children(value: Any) -> list[Any] | None:
+    if isinstance(value, Mapping):
+        return [*value.keys(), *value.values()]
+    return list(value) if isinstance(value, (list, tuple)) else None
+
+
+def _node_children(node: Any) -> list[Any] | None:
+    """A YAML node's children: a sequence's items, a mapping's keys and values (a merge key's too: ``<<: *a``
+    copies the aliased mapping's entries when the file is constructed, so they count)."""
+    value = getattr(node, "value", None)
+    if not isinstance(value, list):
+        return None  # a scalar
+    return [part for pair in value for part in pair] if value and isinstance(value[0], tuple) else list(value)
 
 
 def file_error(path: Path, message: str) -> ConfigError:
@@ -121,15 +138,17 @@ def _parser(suffix: str, path: Path) -> tuple[Callable[[str], Any], type[Excepti
         import yaml
     except ImportError:
         raise file_error(path, "reading YAML needs PyYAML: pip install pyyaml (or use a .toml file).") from None
-    return lambda text: _yaml_loads(yaml, text), yaml.YAMLError, "YAML"
+    return lambda text: _yaml_loads(yaml, text, path), yaml.YAMLError, "YAML"
 
 
 class RepeatedKey(Exception):
     """A key given twice in one YAML mapping (the message says where)."""
 
 
-def _yaml_loads(yaml: Any, text: str) -> Any:
-    """``yaml.safe_load`` with a key repeated in one mapping refused (the YAML spec says keys are unique)."""
+def _yaml_loads(yaml: Any, text: str, path: Path) -> Any:
+    """``yaml.safe_load``, bounded: the composed nodes (aliases still shared) are measured before anything is
+    constructed (constructing copies what merge keys bring in); a key repeated in one mapping is refused (the
+    YAML spec says keys are unique)."""
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
@@ -145,4 +164,12 @@ def _yaml_loads(yaml: Any, text: str) -> Any:
                 seen[key] = line
             return super().construct_mapping(node, deep)
 
-    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass: no Python objects
+    loader = UniqueKeyLoader(text)  # a SafeLoader subclass: no Python objects
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        check_bounds(node, path, _node_children)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
