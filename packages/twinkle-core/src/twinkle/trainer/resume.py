@@ -80,6 +80,7 @@ def check_progress(trainer: Any, path: Path, state: Any, total: int) -> None:
     to the previous checkpoint); a step past ``total`` or another optimizer is a ConfigError naming the option.
     """
     from twinkle.checkpoint import CheckpointError, read_trainer_state
+    from twinkle.checkpoint.layout import TRAINER_STATE_FILE
     from twinkle.config import ConfigError
 
     where = str(path / store.TRAINER_FILE)
@@ -93,7 +94,7 @@ def check_progress(trainer: Any, path: Path, state: Any, total: int) -> None:
             raise CheckpointError(f"{where!r}: field {key!r} must be a non-negative integer, got "
                                   f"{str(value)[:40]!r}; the file was edited or damaged.")
     named = store.named_step(path)
-    model_file = path / store.MODEL_SUBDIR / "trainer_state.json"
+    model_file = path / store.MODEL_SUBDIR / TRAINER_STATE_FILE
     model = read_trainer_state(path / store.MODEL_SUBDIR)  # bounded and typed
     for what, value in (("its name" if path.name != store.SNAPSHOT else "its manifest", named),
                         (f"{where!r} (step)", fields["step"])):
