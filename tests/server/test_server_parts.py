@@ -309,6 +309,19 @@ def test_each_key_may_queue_only_so_many_requests(service):
     service.submit("bob", "optim_step", MODEL, None, run=lambda: Result({}))  # another key is not limited
 
 
+def test_a_refused_optim_step_does_not_hold_up_the_models_next_request(service):
+    from twinkle_server.errors import ApiError
+
+    service.store.add_session("s1", "alice", None, "0.38.0")
+    service.store.add_model(MODEL, "alice", "s1", "base", {"rank": 4}, None)
+    service.scheduler.expect(MODEL, 1)
+    bad = types.OptimStepRequest(model_id=MODEL, seq_id=1, optim_params=types.AdamParams(learning_rate=1e6))
+    with pytest.raises(ApiError, match="learning_rate") as refused:
+        service.optim_step("alice", bad)
+    assert refused.value.status == 400
+    assert service.scheduler._next_seq[MODEL] == 2  # seq 2 runs when it comes, without the reorder wait
+
+
 def test_a_session_without_heartbeat_ends_and_unloads_its_models(service):
     service.store.add_session("s1", "alice", None, "0.38.0")
     service.store.add_session("s2", "alice", None, "0.38.0")
