@@ -3,7 +3,8 @@
 - a schema: a dataclass whose fields are declared with :func:`opt` (help, choices, range, aliases,
   required-ness) and whose dataclass-typed fields are groups (``optimizer.lr``) — :func:`schema_of`;
 - one coercer (:func:`coerce`) and one error type (:class:`ConfigError`, naming the option as written);
-- sources: :func:`load_file` (YAML/TOML), :func:`from_mapping`, :func:`from_env`, :func:`from_argv`
+- :func:`load_file`: a YAML/TOML file, bounded before it is expanded (size, values behind aliases, depth);
+- sources: :func:`from_mapping`, :func:`from_env`, :func:`from_argv`
   (``--group.field value``, the field alone when unique, ``--flag``/``--no-flag``);
 - :func:`build` (layers -> the config object) and :class:`Config` (fields checked on construction);
 - :func:`render_help` (one line per option).
