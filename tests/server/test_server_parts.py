@@ -322,6 +322,22 @@ def test_a_refused_optim_step_does_not_hold_up_the_models_next_request(service):
     assert service.scheduler._next_seq[MODEL] == 2  # seq 2 runs when it comes, without the reorder wait
 
 
+def test_a_forward_backward_refused_at_decoding_does_not_hold_up_the_next(service):
+    from twinkle_server.errors import ApiError
+    from twinkle_server.wire import pb
+
+    service.store.add_session("s1", "alice", None, "0.38.0")
+    service.store.add_model(MODEL, "alice", "s1", "base", {"rank": 4}, None)
+    service.scheduler.expect(MODEL, 1)
+    empty = pb.ForwardBackwardRequest(model_id=MODEL, seq_id=1).SerializeToString()  # no data: a 400
+    with pytest.raises(ApiError, match="has no data"):
+        service.forward_backward("bob", empty)  # another key's refusal changes nothing of alice's model
+    assert service.scheduler._next_seq[MODEL] == 1
+    with pytest.raises(ApiError, match="has no data"):
+        service.forward_backward("alice", empty)
+    assert service.scheduler._next_seq[MODEL] == 2
+
+
 def test_a_session_without_heartbeat_ends_and_unloads_its_models(service):
     service.store.add_session("s1", "alice", None, "0.38.0")
     service.store.add_session("s2", "alice", None, "0.38.0")

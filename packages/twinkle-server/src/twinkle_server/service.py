@@ -262,6 +262,8 @@ class Service(CheckpointOps, SamplingOps):
         try:
             step = decode_step_request(body, self.limits)
         except WireError as exc:
+            if exc.model_id and self.store.model(exc.model_id, owner) is not None:  # only the owner's model
+                self.scheduler.refused(exc.model_id, exc.seq_id)
             raise ApiError(400, str(exc)) from None
         self.model_row(owner, step.model_id)
         try:
