@@ -136,7 +136,11 @@ def create_app(service: Service, keys: KeyStore) -> Any:
 
             def work() -> Any:
                 parsed = parse(raw, request_type)
-                return encodable(handler(who, parsed if field is None else getattr(parsed, field)))
+                try:
+                    return encodable(handler(who, parsed if field is None else getattr(parsed, field)))
+                except ApiError:  # refused before it was queued: its seq_id will never come
+                    service.refused(who, getattr(parsed, "model_id", None), getattr(parsed, "seq_id", None))
+                    raise
 
             return JSONResponse(await run_in_threadpool(work))
 
