@@ -34,6 +34,8 @@ from twinkle_server.wire import PROTO
 logger = logging.getLogger("twinkle_server")
 
 
+#: Statuses the client retries with the same seq_id (a too-busy key's 429): the scheduler keeps waiting for those
+RETRIED = (408, 409, 429)
 #: A download token is a few hundred characters (claims and an HMAC); anything much longer was not made here.
 MAX_TOKEN_CHARS = 4096
 
@@ -138,8 +140,9 @@ def create_app(service: Service, keys: KeyStore) -> Any:
                 parsed = parse(raw, request_type)
                 try:
                     return encodable(handler(who, parsed if field is None else getattr(parsed, field)))
-                except ApiError:  # refused before it was queued: its seq_id will never come
-                    service.refused(who, getattr(parsed, "model_id", None), getattr(parsed, "seq_id", None))
+                except ApiError as exc:  # refused before it was queued: unless retried, its seq_id never comes
+                    if exc.status not in RETRIED:
+                        service.refused(who, getattr(parsed, "model_id", None), getattr(parsed, "seq_id", None))
                     raise
 
             return JSONResponse(await run_in_threadpool(work))
