@@ -33,15 +33,17 @@ from twinkle.preprocessor import SelfCognitionProcessor
 
 logger = get_logger()
 args = CLI.from_args(output_dir="output/fsdp2", train_samples=256, eval_samples=32, eval_interval=20,
-                     log_interval=5, learning_rate=2e-2)
+                     log_interval=5, learning_rate=2e-2,
+                     # this script's own options (args.extra), declared so that --model-name etc. are accepted
+                     model_name="twinkle大模型", model_author="ModelScope社区", gradient_checkpointing=False)
 
 
 def dataset(rows: range) -> Dataset:
     data = Dataset(dataset_meta=DatasetMeta(args.dataset.dataset_id, data_slice=rows))
     data.set_template(args.template.template_cls, model_id=args.model.model_id, max_length=args.template.max_length,
                       truncation_strategy=args.template.truncation_strategy)
-    data.map(SelfCognitionProcessor(args.extra.get("model_name", "twinkle大模型"),
-                                    args.extra.get("model_author", "ModelScope社区")))
+    data.map(SelfCognitionProcessor(args.extra["model_name"],
+                                    args.extra["model_author"]))
     data.encode()
     return data
 
@@ -69,7 +71,7 @@ def main() -> str:
 
     model = TransformersModel(model_id=args.model.model_id, device_mesh=mesh, strategy=args.model.strategy,
                               mixed_precision=args.model.mixed_precision,
-                              gradient_checkpointing=bool(args.extra.get("gradient_checkpointing", False)))
+                              gradient_checkpointing=bool(args.extra["gradient_checkpointing"]))
     model.add_adapter_to_model(args.lora.adapter_name, LoraConfig(**args.get_lora_args()),
                                gradient_accumulation_steps=args.training.gradient_accumulation_steps)
     # Muon orthogonalises the 2-D LoRA matrices; adjust_lr_fn lets an AdamW-tuned lr carry over

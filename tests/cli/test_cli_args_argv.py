@@ -90,14 +90,40 @@ def test_error_carries_option_value_and_expected_type(parse):
     assert isinstance(err.value, ValueError)
 
 
-def test_unknown_options_go_to_extra_with_parsed_types(parse):
+def test_unknown_options_go_to_extra_with_parsed_types_when_allowed(parse):
     args = parse("--model-name", "twinkle大模型", "--model_author=ModelScope", "--n-shots", "3", "--temp", "0.5",
                  "--dry-run", "--use-cache", "false", "--stop", "none", "--no-color", "--offset", "-2",
-                 "--tag", "nan")
+                 "--tag", "nan", allow_extra=True)
     assert args.extra == {"model_name": "twinkle大模型", "model_author": "ModelScope", "n_shots": 3, "temp": 0.5,
                           "dry_run": True, "use_cache": False, "stop": None, "color": False, "offset": -2,
                           "tag": "nan"}
     assert type(args.extra["n_shots"]) is int and type(args.extra["temp"]) is float
+
+
+def test_a_misspelt_option_is_an_error_not_an_extra(parse):
+    with pytest.raises(CLIError, match=r"--learning-rat: unknown option; did you mean --learning-rate\? A script's "
+                                       r"own option is declared.*--extra.learning-rat.*allow_extra=True") as err:
+        parse("--learning-rat", "0.5")
+    assert (err.value.option, err.value.value) == ("--learning-rat", "learning_rat")
+    with pytest.raises(CLIError, match=r"--no-colour: unknown option"):
+        parse("--no-colour")
+
+
+def test_declared_extras_pass(parse, tmp_path):
+    assert parse("--extra.run-tag", "x", "--extra.no-color").extra == {"run_tag": "x", "color": False}
+    assert parse("--model-name", "mine", model_name="default").extra == {"model_name": "mine"}  # declared by default
+    assert parse("--run-tag", "x", env={"TWINKLE_EXTRA__RUN_TAG": "y"}).extra == {"run_tag": "x"}
+    config = tmp_path / "job.yaml"
+    config.write_text("extra:\n  run_tag: file\n")
+    assert parse("--config", str(config), "--run-tag", "x").extra == {"run_tag": "x"}
+
+
+def test_an_unknown_top_level_key_in_a_config_file_is_an_error(parse, tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text("learning_rat: 0.5\n")
+    with pytest.raises(CLIError, match=r"job.yaml: learning_rat: unknown option; did you mean --learning-rate"):
+        parse("--config", str(config))
+    assert parse("--config", str(config), allow_extra=True).extra == {"learning_rat": 0.5}
 
 
 def test_list_fields_comma_separated_or_repeated(parse):

@@ -101,7 +101,7 @@ def test_target_modules_forms(parse, argv, expected):
 
 
 def test_to_dict_is_nested_by_group_and_detached(parse):
-    args = parse("--batch-size", "3", "--run-tag", "x")
+    args = parse("--batch-size", "3", "--extra.run-tag", "x")
     data = args.to_dict()
     assert data["training"]["batch_size"] == 3 and data["extra"] == {"run_tag": "x"}
     assert set(data) == {"infra", "model", "lora", "dataset", "template", "training", "optimizer", "scheduler",

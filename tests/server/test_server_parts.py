@@ -309,6 +309,40 @@ def test_each_key_may_queue_only_so_many_requests(service):
     service.submit("bob", "optim_step", MODEL, None, run=lambda: Result({}))  # another key is not limited
 
 
+def test_requests_refused_at_the_door_do_not_hold_up_the_models_next_one(service, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from twinkle_server.app import create_app
+
+    key = add_key(str(tmp_path / "keys.txt"), "alice")
+    client = TestClient(create_app(service, KeyStore.from_file(str(tmp_path / "keys.txt"))))
+    service.store.add_session("s1", "alice", None, "0.38.0")
+    service.store.add_model(MODEL, "alice", "s1", "base", {"rank": 4}, None)
+    service.scheduler.expect(MODEL, 1)
+    refused = [("/api/v1/optim_step", {"model_id": MODEL, "seq_id": 1, "optim_params": {"learning_rate": 1e6}}),
+               ("/api/v1/save_weights", {"model_id": MODEL, "seq_id": 2, "path": "../escape"})]
+    for path, body in refused:
+        answer = client.post(path, json=body, headers={"X-API-Key": key})
+        assert answer.status_code == 400, answer.text
+    assert service.scheduler._next_seq[MODEL] == 3  # seq 3 runs when it comes, without the reorder wait
+
+
+def test_a_forward_backward_refused_at_decoding_does_not_hold_up_the_next(service):
+    from twinkle_server.errors import ApiError
+    from twinkle_server.wire import pb
+
+    service.store.add_session("s1", "alice", None, "0.38.0")
+    service.store.add_model(MODEL, "alice", "s1", "base", {"rank": 4}, None)
+    service.scheduler.expect(MODEL, 1)
+    empty = pb.ForwardBackwardRequest(model_id=MODEL, seq_id=1).SerializeToString()  # no data: a 400
+    with pytest.raises(ApiError, match="has no data"):
+        service.forward_backward("bob", empty)  # another key's refusal changes nothing of alice's model
+    assert service.scheduler._next_seq[MODEL] == 1
+    with pytest.raises(ApiError, match="has no data"):
+        service.forward_backward("alice", empty)
+    assert service.scheduler._next_seq[MODEL] == 2
+
+
 def test_a_session_without_heartbeat_ends_and_unloads_its_models(service):
     service.store.add_session("s1", "alice", None, "0.38.0")
     service.store.add_session("s2", "alice", None, "0.38.0")

@@ -150,7 +150,15 @@ def build_model(model: ModelConfig, infra: InfraConfig, *, model_id: str | None 
         kwargs["strategy"] = model.strategy
     if strict_load is not None and "strict_load" in accepted:
         kwargs["strict_load"] = strict_load
-    built = cls(model_id=model_id or model.model_id, mixed_precision=model.mixed_precision, **kwargs)
+    try:
+        built = cls(model_id=model_id or model.model_id, mixed_precision=model.mixed_precision, **kwargs)
+    except TypeError as exc:  # model.kwargs reach the model class (and through it the HF model's constructor)
+        bad = [key for key in model.kwargs if f"'{key}'" in str(exc)]
+        if not bad:
+            raise
+        raise ConfigError(f"model.kwargs: {bad[0]!r} is not an argument of {model.type} or of the model it builds "
+                          f"({exc}); remove it from model.kwargs, or check its spelling.", option="model.kwargs",
+                          value=bad[0]) from exc
     if model.gradient_checkpointing:
         built.apply_patch("GradientCheckpointing")
     return built

@@ -25,13 +25,19 @@ from starlette.responses import FileResponse
 from tinker import types
 
 from twinkle_server.auth import KeyStore, key_from_headers
-from twinkle_server.checks import MAX_JSON_DEPTH, encodable, json_depth
+from twinkle_server.checks import MAX_JSON_DEPTH, encodable, json_depth, refuse_bool_numbers
 from twinkle_server.downloads import tar_stream
 from twinkle_server.errors import ApiError
 from twinkle_server.service import Service
 from twinkle_server.wire import PROTO
 
 logger = logging.getLogger("twinkle_server")
+
+
+#: Statuses the client retries with the same seq_id (a too-busy key's 429): the scheduler keeps waiting for those
+RETRIED = (408, 409, 429)
+#: A download token is a few hundred characters (claims and an HMAC); anything much longer was not made here.
+MAX_TOKEN_CHARS = 4096
 
 
 class BodyLimit:
@@ -111,6 +117,8 @@ def create_app(service: Service, keys: KeyStore) -> Any:
             raise ApiError(400, f"the body is not valid JSON ({exc}).") from None
         if model is None:
             return data
+        if isinstance(data, dict):
+            refuse_bool_numbers(model, data)
         try:
             return model.model_validate(data)
         except ValidationError as exc:
@@ -130,7 +138,12 @@ def create_app(service: Service, keys: KeyStore) -> Any:
 
             def work() -> Any:
                 parsed = parse(raw, request_type)
-                return encodable(handler(who, parsed if field is None else getattr(parsed, field)))
+                try:
+                    return encodable(handler(who, parsed if field is None else getattr(parsed, field)))
+                except ApiError as exc:  # refused before it was queued: unless retried, its seq_id never comes
+                    if exc.status not in RETRIED:
+                        service.refused(who, getattr(parsed, "model_id", None), getattr(parsed, "seq_id", None))
+                    raise
 
             return JSONResponse(await run_in_threadpool(work))
 
@@ -224,6 +237,9 @@ def create_app(service: Service, keys: KeyStore) -> Any:
 
     @app.get("/api/v1/downloads/{token}")
     async def download(token: str) -> Response:
+        if len(token) > MAX_TOKEN_CHARS:  # ours are a few hundred characters: never worth decoding
+            raise ApiError(414, f"this download link is {len(token)} characters long, not one this server made; ask "
+                                "for a new one (get_external_weights_urls).")
         directory, file, name = await run_in_threadpool(service.download, token)
         if file is not None:
             return FileResponse(directory / file, filename=file.rsplit("/", 1)[-1])

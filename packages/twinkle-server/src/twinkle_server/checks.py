@@ -81,3 +81,23 @@ def encodable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [encodable(v) for v in value]
     return value
+
+
+def refuse_bool_numbers(model: Any, data: dict[str, Any]) -> None:
+    """A JSON ``true``/``false`` given for a number field of ``model`` (a pydantic type) is a 400.
+
+    pydantic's lax mode turns ``true`` into 1, so ``"ttl_seconds": true`` would be a one-second TTL; a
+    client that sends a boolean meant something else.
+    """
+    import typing
+
+    from twinkle_server.errors import ApiError
+
+    for name, info in getattr(model, "model_fields", {}).items():
+        value = data.get(info.alias or name, data.get(name))
+        if not isinstance(value, bool):
+            continue
+        kinds = set(typing.get_args(info.annotation)) or {info.annotation}
+        if bool not in kinds and kinds & {int, float}:
+            raise ApiError(400, f"{name}: {str(value).lower()} is not a number; send a number (or null where "
+                                "allowed).")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 USAGE = "usage: twinkle serve [CONFIG] [--GROUP.NAME VALUE ...]\n       twinkle serve keygen OWNER --keys-file FILE"
 INTRO = ["Run the Tinker-compatible training service (see docs/server.md). `keygen` creates an API key for",
@@ -34,12 +35,25 @@ def main(argv: Sequence[str]) -> int:
         options = from_argv(schema, argv, positional_config=True)
         layers = [from_mapping(schema, load_file(options.config), options.config)] if options.config else []
         config = build(ServerConfig, [*layers, options])
+        _check_names(config)
         from twinkle_server.server import serve
 
         return serve(config)
     except (ConfigError, HubError) as exc:  # a hub id that does not resolve: named with its option
         print(f"twinkle serve: error: {describe(exc, config)}", file=sys.stderr)
         return 2
+
+
+def _check_names(config: Any) -> None:
+    """The model class the config names is registered: a ConfigError naming --model.type before anything loads."""
+    from twinkle.config import ConfigError
+    from twinkle.errors import ComponentNotFoundError
+    from twinkle.registry import get_registry
+
+    try:
+        get_registry().get("model", config.model.type)
+    except ComponentNotFoundError as exc:
+        raise ConfigError(f"--model.type: {exc}", option="--model.type", value=config.model.type) from None
 
 
 def _keygen(argv: list[str]) -> int:

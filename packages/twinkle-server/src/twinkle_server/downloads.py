@@ -65,10 +65,15 @@ class Signer:
 
 
 def listed_files(directory: Path) -> list[str]:
-    """The regular files of a checkpoint directory, relative and sorted (symlinks are never served)."""
+    """The regular files of a checkpoint directory, relative and sorted.
+
+    Only the server's own files are served: never a symlink, and never a file with a second hard link (the
+    server writes each checkpoint file once, so another name for its inode was planted, possibly to a file
+    outside the work dir that the server can read).
+    """
     out = []
     for path in sorted(directory.rglob("*")):
-        if path.is_file() and not path.is_symlink():
+        if path.is_file() and not path.is_symlink() and path.lstat().st_nlink == 1:
             out.append(path.relative_to(directory).as_posix())
     return out
 

@@ -88,6 +88,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._queues: dict[str, list[Work]] = {}
         self._next_seq: dict[str, int] = {}
+        self._refused: dict[str, set[int]] = {}  # seq_ids refused before they were queued: never waited for
         self._seen: dict[tuple[str, int], FutureRecord] = {}
         self._last_step: dict[str, float] = {}
         self._stopping = False
@@ -139,6 +140,26 @@ class Scheduler:
             self._next_seq[model_id] = seq_id
             self._cond.notify_all()
 
+    def refused(self, model_id: str, seq_id: int | None) -> None:
+        """Request ``seq_id`` of ``model_id`` was refused before it was queued (a 400 at the door): it will never
+        run, so the model's next request must not wait the reorder time for it. Only for the model's owner."""
+        if not seq_id:
+            return
+        with self._cond:
+            self._refused.setdefault(model_id, set()).add(seq_id)
+            self._skip_refused(model_id)
+            self._cond.notify_all()
+
+    def _skip_refused(self, model_id: str) -> None:
+        """Move the model's expected seq_id past the refused ones it has reached (holding the lock)."""
+        refused, expected = self._refused.get(model_id), self._next_seq.get(model_id)
+        if not refused or expected is None:
+            return
+        while expected in refused:
+            expected += 1
+        self._next_seq[model_id] = expected
+        self._refused[model_id] = {seq for seq in refused if seq > expected}  # what is left still lies ahead
+
     def drop(self, match: Callable[[Work], bool], reason: str) -> int:
         """Fail every queued work that ``match`` selects with ``reason`` (running sliced work stops after its
         slice); returns how many."""
@@ -161,6 +182,7 @@ class Scheduler:
         """Drop the seq bookkeeping of an unloaded model."""
         with self._cond:
             self._next_seq.pop(model_id, None)
+            self._refused.pop(model_id, None)
             self._last_step.pop(model_id, None)
             for key in [k for k in self._seen if k[0] == model_id]:
                 del self._seen[key]
@@ -219,6 +241,7 @@ class Scheduler:
             for work in batch:
                 if work.seq_id and work.model_id is not None:
                     self._next_seq[work.model_id] = max(self._next_seq.get(work.model_id, 0), work.seq_id + 1)
+                    self._skip_refused(work.model_id)
             self._running = []
             self._cond.notify_all()
 

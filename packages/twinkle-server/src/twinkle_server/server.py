@@ -30,6 +30,9 @@ from twinkle_server.targets import layer_families, tokenizer_dir, vocab_size
 logger = logging.getLogger("twinkle_server")
 #: The interpreter's thread switch interval while serving (Python's default is 5 ms).
 SWITCH_INTERVAL_S = 0.001
+#: A request's line and headers may have this many bytes. h11's default (16 KiB) answers a longer URL by closing
+#: the connection mid-upload, which the client sees as a reset; read up to this, so the app answers it (4xx).
+MAX_REQUEST_HEAD_BYTES = 1 << 20
 
 
 def build_model(config: ServerConfig, targets: dict[str, list[str]]) -> Any:
@@ -147,7 +150,8 @@ def serve(config: ServerConfig) -> int:
     stop = threading.Event()
     threading.Thread(target=_housekeeping, args=(service, stop), daemon=True, name="housekeeping").start()
     server = uvicorn.Server(uvicorn.Config(create_app(service, keys), log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=5,
+                                           h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES))
     try:
         server.run(sockets=[sock])
     finally:

@@ -127,6 +127,13 @@ class Service(CheckpointOps, SamplingOps):
                                    session_id=session_id))
         return record
 
+    def refused(self, owner: str, model_id: Any, seq_id: Any) -> None:
+        """A request numbered ``seq_id`` of ``owner``'s model was answered with an error before it was queued: the
+        model's next request must not wait for it (another key's model is left alone)."""
+        if isinstance(model_id, str) and isinstance(seq_id, int) and not isinstance(seq_id, bool) and \
+                self.store.model(model_id, owner) is not None:
+            self.scheduler.refused(model_id, seq_id)
+
     @staticmethod
     def untyped(record: FutureRecord, **extra: Any) -> dict[str, Any]:
         return {"request_id": record.id, "model_id": record.model_id, **extra}
@@ -262,11 +269,13 @@ class Service(CheckpointOps, SamplingOps):
         try:
             step = decode_step_request(body, self.limits)
         except WireError as exc:
+            self.refused(owner, exc.model_id, exc.seq_id)
             raise ApiError(400, str(exc)) from None
         self.model_row(owner, step.model_id)
         try:
             step.metric = self.engine.check_loss(step)
         except UserError as exc:
+            self.refused(owner, step.model_id, step.seq_id)
             raise ApiError(400, str(exc)) from None
         if step.forward_only:
             record = self.submit(owner, "forward", step.model_id, step.seq_id, tokens=step.num_tokens,

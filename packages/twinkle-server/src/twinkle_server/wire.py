@@ -30,7 +30,13 @@ _NUMPY = {pb.DTYPE_FLOAT32: np.dtype("<f4"), pb.DTYPE_INT64: np.dtype("<i8"), pb
 
 
 class WireError(ValueError):
-    """A request body that cannot be decoded or does not make sense; the message says what is wrong."""
+    """A request body that cannot be decoded or does not make sense; the message says what is wrong.
+
+    ``model_id`` / ``seq_id``: the request's, when it was read that far (None otherwise).
+    """
+
+    model_id: str | None = None
+    seq_id: int | None = None
 
 
 @dataclass
@@ -76,6 +82,15 @@ def decode_step_request(body: bytes, limits: Limits | int) -> StepRequest:
         raise WireError(f"The body is not a valid protobuf ForwardBackwardRequest ({exc}).") from None
     if not message.model_id:
         raise WireError("ForwardBackwardRequest.model_id is empty.")
+    try:
+        return _decode_checked(message, limits)
+    except WireError as exc:  # the service tells the scheduler this seq_id will not come
+        exc.model_id, exc.seq_id = message.model_id, int(message.seq_id)
+        raise
+
+
+def _decode_checked(message: Any, limits: Limits) -> StepRequest:
+    """The StepRequest of a parsed message that names its model; a WireError for data that does not fit."""
     if not message.data:
         raise WireError("ForwardBackwardRequest has no data (send at least one Datum).")
     counts = [_token_count(i, datum, limits) for i, datum in enumerate(message.data)]

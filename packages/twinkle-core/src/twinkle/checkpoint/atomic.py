@@ -131,10 +131,17 @@ def _complete(tmp: Path, final: Path, failed: list[int], finish: Callable[[Path]
 
 def discard(path: str | os.PathLike[str]) -> None:
     """Delete a checkpoint directory, renamed to a hidden name first: a kill mid-delete leaves only
-    ``.NAME.trash`` (which :func:`clean_stale` removes), never a partial directory under a checkpoint name."""
+    ``.NAME.trash-*`` (which :func:`clean_stale` removes), never a partial directory under a checkpoint name.
+
+    Another process deleting the same directory at the same time (two jobs rotating one family) is no error:
+    the rename is the one atomic step, so exactly one of them takes it, and a directory already gone is done.
+    """
     path = Path(path)
-    trash = path.parent / f".{path.name}.trash"
-    os.replace(path, trash)
+    trash = path.parent / f".{path.name}.trash-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.replace(path, trash)
+    except FileNotFoundError:
+        return  # already discarded (by another process)
     shutil.rmtree(trash, ignore_errors=True)
 
 
@@ -149,6 +156,7 @@ def rotate(family: Sequence[Path], keep: int | None, written: Path | None = None
     if keep is None or keep <= 0:
         return []
     members = [Path(p) for p in family if Path(p).name not in protected]
+    # ``family`` was listed before now: another process may have rotated some of it away since (no error)
     keepers = set(members[-1:]) | ({Path(written)} if written is not None and Path(written).is_dir() else set())
     others = [p for p in members if p not in keepers]
     room = keep - len(keepers)
@@ -164,7 +172,7 @@ def clean_stale(root: str | os.PathLike[str]) -> None:
     if not root.is_dir():
         return
     for p in root.iterdir():
-        if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name or p.name.endswith(".trash")):
+        if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name or ".trash" in p.name):
             shutil.rmtree(p, ignore_errors=True)
 
 

@@ -27,11 +27,12 @@ def validate_save_name(name: str) -> str:
             f"Checkpoint name {name!r} is an absolute path; pass a plain name such as 'checkpoint-100' "
             "and choose the directory with output_dir=."
         )
-    parts = Path(name).parts
-    if any(part in ("..", ".") for part in parts):
+    # the parts as written: pathlib drops '.' parts ('a/./b' -> a, b; '.' -> nothing), which hid them from the rule
+    parts = [part for part in name.replace("\\", "/").split("/") if part]
+    if not parts or any(part.strip() in ("..", ".") for part in parts):
         raise CheckpointError(
-            f"Checkpoint name {name!r} would leave output_dir (it contains '..' or '.'); "
-            "pass a plain name such as 'checkpoint-100'."
+            f"Checkpoint name {name!r} is not a plain name below output_dir (it is or contains '.' or '..', which "
+            "would mean output_dir itself or a directory outside it); pass a plain name such as 'checkpoint-100'."
         )
     return name
 

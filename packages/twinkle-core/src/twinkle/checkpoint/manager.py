@@ -150,14 +150,16 @@ class CheckpointManager:
         self.state.load(group, directory)
 
     def resume(self, group: OptimizerGroup, checkpoint_dir: str, resume_only_model: bool,
-               skip_checkpoint_validation: bool = False) -> dict[str, int]:
+               skip_checkpoint_validation: bool = False, pre_manifest: bool = False) -> dict[str, int]:
         """Restore weights (+ training state unless ``resume_only_model``) and the group's progress.
 
         Every file is read and checked on every rank and the ranks agree; then the manifest is verified (the
         ranks share the reading) and they agree again; only then is anything applied.
-        ``skip_checkpoint_validation`` skips the manifest's checksum pass (sizes are still checked).
+        ``skip_checkpoint_validation`` skips the manifest's checksum pass (sizes are still checked);
+        ``pre_manifest`` accepts a directory without ``manifest.json`` (checked by structure only).
         """
         directory = Path(checkpoint_dir).expanduser()
+        self._agreed(directory, lambda: self._require_manifest(directory, pre_manifest))
         trainer_state, sides, staged = self._agreed(directory, lambda: self._read(group, directory, resume_only_model))
         self._agreed(directory, lambda: self._verify(directory, skip_checkpoint_validation))
         self.state.apply(group, directory, staged)
@@ -217,10 +219,23 @@ class CheckpointManager:
         check_rng_state(sides["rng"], f"{str(rng)!r}")
         return sides
 
+    @staticmethod
+    def _require_manifest(directory: Path, pre_manifest: bool) -> None:
+        """A checkpoint without a manifest is refused unless the caller vouches that it predates manifests."""
+        require_files(directory, [], "checkpoint")
+        if pre_manifest or (directory / MANIFEST_FILE).is_file():
+            return
+        raise CheckpointError(
+            f"{str(directory)!r} has no {MANIFEST_FILE}, so its files cannot be checked: every checkpoint this twinkle "
+            "saves has one, and a deleted manifest is how a modified directory would pass. If it was saved by a "
+            "twinkle from before manifests, pass pre_manifest=True to resume it with the structural checks only.")
+
     def _verify(self, directory: Path, skip_checksums: bool) -> None:
         """The manifest's files are there with their sizes and (unless skipped) checksums; the ranks share the
-        reading. A checkpoint written before manifests existed has none and is checked by structure only."""
+        reading. A checkpoint written before manifests (``pre_manifest``) has none: structural checks only."""
         if not (directory / MANIFEST_FILE).is_file():
+            logger.warning("Resuming from %s, which has no %s (pre_manifest=True): its files are checked by "
+                           "structure only.", directory, MANIFEST_FILE)
             return
         if skip_checksums:
             logger.warning("Resuming from %s without checking its files' checksums (skip_checkpoint_validation): "

@@ -47,31 +47,77 @@ def write_manifest(directory: str | os.PathLike[str], **fields: Any) -> Path:
 
 def verify_manifest(directory: str | os.PathLike[str], checksums: bool = True,
                     share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
-    """The manifest of ``directory`` after checking every file it lists; CheckpointError naming the first bad one.
+    """The manifest of ``directory`` after checking it and every file; CheckpointError naming the first bad one.
 
-    ``checksums=False`` checks presence and sizes only (cheap: used when rotating old checkpoints).
+    The manifest must be *contained* (every path it lists is inside ``directory``) and *complete* (every file
+    of ``directory`` is listed: an unlisted weight or state file would be loaded without any check), and each
+    listed file must have its size and, unless ``checksums=False`` (cheap: rotation), its checksum.
     ``share=(i, n)`` reads the bytes of every n-th file from the i-th only (the n ranks of a job split the
     checksum pass and agree afterwards); presence and sizes are checked for every file.
+
+    Args:
+        directory: the checkpoint directory.
+        checksums: re-read every byte against the recorded xxh3 digests.
+        share: ``(this rank, ranks)`` splitting the checksum reads.
+
+    Returns:
+        The manifest's contents.
     """
     directory = Path(directory)
+    where = str(directory)
     try:
         manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
         files = manifest["files"]
         if not isinstance(files, dict):
-            raise TypeError(f"'files' is {type(files).__name__}")
+            raise TypeError(f"'files' is {type(files).__name__}, not a table")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{str(directory)!r} has no readable {MANIFEST_FILE} ({type(exc).__name__}: {exc}); "
+        raise CheckpointError(f"{where!r} has no readable {MANIFEST_FILE} ({type(exc).__name__}: {exc}); "
                               "it is not a complete twinkle checkpoint.") from exc
-    for index, (name, entry) in enumerate(files.items()):
-        target = directory / name
-        size, expected = (entry, None) if isinstance(entry, int) else (entry.get("size"), entry.get(CHECKSUM))
+    if not files:
+        raise CheckpointError(f"{where!r}: {MANIFEST_FILE} lists no files, so it proves nothing about the "
+                              "checkpoint; it was edited or written by another program (resume from another one).")
+    entries = [(name, *_entry(where, name, entry), _contained(directory, name)) for name, entry in files.items()]
+    unlisted = sorted(set(_present(directory)) - set(files))
+    if unlisted:
+        raise CheckpointError(f"{where!r} holds {', '.join(unlisted[:5])}{' ...' if len(unlisted) > 5 else ''}, "
+                              f"which {MANIFEST_FILE} does not list: an unlisted file would be loaded unchecked. Move "
+                              "it out of the checkpoint (or resume from another one).")
+    for index, (name, size, expected, target) in enumerate(entries):
         if not target.is_file():
-            raise CheckpointError(f"{str(directory)!r} is missing {name}.")
+            raise CheckpointError(f"{where!r} is missing {name}.")
         actual = target.stat().st_size
         if actual != size:
-            raise CheckpointError(f"{str(directory)!r}: {name} is {actual} bytes, the manifest says {size}.")
+            raise CheckpointError(f"{where!r}: {name} is {actual} bytes, the manifest says {size}.")
         mine = index % share[1] == share[0]
         if checksums and mine and expected is not None and file_checksum(target) != expected:
-            raise CheckpointError(f"{str(directory)!r}: {name} does not match its checksum in {MANIFEST_FILE} "
+            raise CheckpointError(f"{where!r}: {name} does not match its checksum in {MANIFEST_FILE} "
                                   f"({CHECKSUM}); its bytes changed after it was saved (disk or copy damage).")
     return manifest
+
+
+def _entry(where: str, name: str, entry: Any) -> tuple[int, str | None]:
+    """``(size, checksum or None)`` of a manifest entry: a size, or ``{"size": int, "xxh3_64": hex}``."""
+    size, expected = (entry, None) if isinstance(entry, int) else (
+        (entry.get("size"), entry.get(CHECKSUM)) if isinstance(entry, dict) else (None, None))
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(expected, (str, type(None))):
+        raise CheckpointError(f"{where!r}: {MANIFEST_FILE}'s entry for {name[:200]!r} is {str(entry)[:80]!r}, not "
+                              f'{{"size": BYTES, "{CHECKSUM}": HEX}}; the manifest was edited or written by another '
+                              "program (resume from another checkpoint).")
+    return size, expected
+
+
+def _contained(directory: Path, name: str) -> Path:
+    """``directory/name`` when that is inside ``directory`` (no absolute path, ``..`` or link out of it)."""
+    target = directory / name
+    root = directory.resolve()
+    if os.path.isabs(name) or root not in (target.resolve(), *target.resolve().parents) or target.resolve() == root:
+        raise CheckpointError(f"{str(directory)!r}: {MANIFEST_FILE} lists {name[:200]!r}, which is not a file inside "
+                              "the checkpoint; a manifest only vouches for the checkpoint's own files (it was edited: "
+                              "resume from another checkpoint).")
+    return target
+
+
+def _present(directory: Path) -> list[str]:
+    """Every file (or link) under ``directory`` but the manifest itself, as the manifest names it."""
+    return [str(p.relative_to(directory)) for p in directory.rglob("*")
+            if (p.is_file() or p.is_symlink()) and p != directory / MANIFEST_FILE]

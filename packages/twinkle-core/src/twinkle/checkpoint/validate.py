@@ -82,3 +82,13 @@ def check_optimizer_state(optimizer: Any, state_dict: Any) -> None:
     if saved != current:
         raise ValueError(f"the saved optimizer has parameter groups of sizes {saved}, this one has {current} "
                          "(different adapter, model, or optimizer type)")
+    # torch's load_state_dict takes the saved groups whole: a hyper-parameter this optimizer needs and they lack
+    # (SGD's momentum in an AdamW state) fails at the next step() with a raw KeyError. Flags (bool/None defaults)
+    # are left out: a newer torch adds those and fills them in itself (``__setstate__``).
+    needed = [k for k, v in getattr(optimizer, "defaults", {}).items()
+              if isinstance(v, (int, float, tuple)) and not isinstance(v, bool)]
+    lacking = sorted({k for g in groups for k in needed if k not in g})
+    if lacking:
+        raise ValueError(f"the saved optimizer state lacks {lacking}, which this {type(optimizer).__name__} needs: it "
+                         "was saved by another optimizer type. Resume with the optimizer it was trained with, or "
+                         "load its weights alone (resume_only_model=True; the Trainer: load_from)")

@@ -33,7 +33,7 @@ from twinkle.cli.args_groups import (
     TrainingArgs,
 )
 from twinkle.config import ConfigError, build, from_argv, from_env, from_mapping, load_file, render_help, schema_of
-from twinkle.config.sources import ENV_PREFIX, ENV_SEPARATOR
+from twinkle.config.sources import ENV_PREFIX, ENV_SEPARATOR, check_declared
 
 #: The errors of ``CLI.parse``: :class:`twinkle.config.ConfigError` (``.option``, ``.value``, ``.expected``).
 CLIError = ConfigError
@@ -66,28 +66,42 @@ class CLI:
 
     @classmethod
     def parse(cls: type[C], argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None,
-              **defaults: Any) -> C:
+              allow_extra: bool = False, **defaults: Any) -> C:
         """Library entry: build the arguments, raising :class:`ConfigError` (or :class:`CLIHelpRequested`).
 
-        ``argv`` defaults to ``sys.argv[1:]``, ``environ`` to ``os.environ``. ``defaults`` are the
-        script's own defaults (``batch_size=8`` or ``training={'batch_size': 8}``), below every source.
+        Args:
+            argv: the arguments (default: ``sys.argv[1:]``).
+            environ: the environment (default: ``os.environ``).
+            allow_extra: accept any unknown option into ``extra``. Otherwise an option no group defines is
+                an error (a typo such as ``--learning-rat``) unless the script declared it: a default here,
+                ``--extra.NAME VALUE``, an ``extra:`` table in the config file or ``TWINKLE_EXTRA__NAME``.
+            defaults: the script's own defaults (``batch_size=8`` or ``training={'batch_size': 8}``; other
+                names are its extra options), below every source.
+
+        Returns:
+            The arguments.
         """
         schema = schema_of(cls)
         argv = list(sys.argv[1:] if argv is None else argv)
         cli_layer = from_argv(schema, argv)
         if cli_layer.help:
             raise CLIHelpRequested(cls.help_text())
-        layers = [from_mapping(schema, defaults, "CLI defaults")]
+        script = from_mapping(schema, defaults, "CLI defaults")
+        layers = [script]
         if cli_layer.config is not None:
             layers.append(from_mapping(schema, load_file(cli_layer.config), cli_layer.config))
         layers += [from_env(schema, os.environ if environ is None else environ), cli_layer]
+        if not allow_extra:
+            check_declared(schema, layers[1:], set(script.extra) | {k for layer in layers[1:] for k in layer.extra
+                                                                    if k not in layer.loose})
         return build(cls, layers)
 
     @classmethod
-    def from_args(cls: type[C], argv: Sequence[str] | None = None, **defaults: Any) -> C:
+    def from_args(cls: type[C], argv: Sequence[str] | None = None, *, allow_extra: bool = False,
+                  **defaults: Any) -> C:
         """Script entry: like :meth:`parse`, but ``--help`` prints and exits 0, and a bad option exits 2."""
         try:
-            return cls.parse(argv, **defaults)
+            return cls.parse(argv, allow_extra=allow_extra, **defaults)
         except CLIHelpRequested as help_request:
             sys.stdout.write(help_request.text)
             raise SystemExit(0) from None
@@ -101,8 +115,9 @@ class CLI:
         prog = prog or _prog()
         return render_help(schema_of(cls), f"usage: {prog} [--config FILE] [--NAME VALUE | --GROUP.NAME VALUE ...]", [
             f"Sources, later wins: defaults < --config FILE (YAML or TOML, nested by group) < environment "
-            f"{ENV_PREFIX}<GROUP>{ENV_SEPARATOR}<NAME> < command line. Unrecognised --key value pairs go to "
-            "args.extra.",
+            f"{ENV_PREFIX}<GROUP>{ENV_SEPARATOR}<NAME> < command line. A script's own options go to args.extra: "
+            "--extra.NAME VALUE, or --NAME VALUE when the script declares NAME (a default); other unknown "
+            "options are errors.",
             "  --config FILE  a .yaml/.yml or .toml file: {group: {name: value}}",
             "  -h, --help     show this help and exit",
         ])

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from twinkle.config.schema import ConfigError, Schema, schema_of
+from twinkle.config.schema import ConfigError, Schema, brief, schema_of
 from twinkle.config.sources import Layer, from_mapping
 from twinkle.config.values import coerce
 
@@ -48,7 +48,7 @@ class Config(metaclass=_Spellings):
             if isinstance(value, Mapping):
                 setattr(self, name, _group(group_cls, name, from_mapping(schema, {name: value}).fields))
             elif not isinstance(value, group_cls):
-                raise ConfigError(f"{name}: expected a table of {group_cls.__name__} fields, got {value!r}.",
+                raise ConfigError(f"{name}: expected a table of {group_cls.__name__} fields, got {brief(value)}.",
                                   option=name, value=value)
         self.check()
 

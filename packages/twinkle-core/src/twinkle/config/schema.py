@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import reprlib
 import types
 import typing
 from dataclasses import dataclass
@@ -22,6 +23,25 @@ from typing import Any, Literal
 from twinkle.errors import TwinkleError
 
 SCALARS = {bool: "bool", int: "int", float: "float", str: "str"}
+#: a config error message longer than this is cut in the middle (a value repeated by YAML aliases, a pasted blob)
+MAX_MESSAGE = 1000
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring = _BRIEF.maxother = 120
+_BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 8
+_BRIEF.maxlevel = 3
+
+
+def brief(value: Any) -> str:
+    """``repr(value)`` bounded in length and in the work it takes (nested and shared values are elided)."""
+    return _BRIEF.repr(value)
+
+
+def cut(message: str, limit: int = MAX_MESSAGE) -> str:
+    """``message`` at most about ``limit`` characters: its start and end, with what was cut counted."""
+    if len(message) <= limit:
+        return message
+    head, tail = message[: limit * 3 // 4], message[-(limit // 4):]
+    return f"{head} [... {len(message) - len(head) - len(tail)} characters cut ...] {tail}"
 
 
 class ConfigError(TwinkleError, ValueError):
@@ -33,7 +53,7 @@ class ConfigError(TwinkleError, ValueError):
 
     def __init__(self, message: str, *, option: str | None = None, value: Any = None,
                  expected: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(cut(message))
         self.option, self.value, self.expected = option, value, expected
 
 

@@ -6,13 +6,11 @@ in order, later ones winning (``CLI.parse``: defaults < ``--config`` file < ``TW
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path
 from typing import Any
 
-from twinkle.config.schema import ConfigError, Schema, Spec, dash, norm, resolve, unknown
+from twinkle.config.schema import ConfigError, Schema, Spec, brief, dash, norm, resolve, unknown
 from twinkle.config.values import FALSE_WORDS, TRUE_WORDS, coerce, parse_extra
 
 ENV_PREFIX = "TWINKLE_"
@@ -28,6 +26,8 @@ class Layer:
     config: str | None = None  # argv only: the config file named on the command line
     help: bool = False  # argv only: -h/--help was given
     written: dict[tuple[str, str], str] = field(default_factory=dict)  # how each field was spelled
+    #: extra keys set under a name that is no option (not through ``extra:``/``--extra.NAME``), as written
+    loose: dict[str, str] = field(default_factory=dict)
 
 
 def _set(layer: Layer, schema: Schema, name: str, value: Any, option: str) -> bool:
@@ -40,8 +40,8 @@ def _set(layer: Layer, schema: Schema, name: str, value: Any, option: str) -> bo
     parsed = (not parsed) if negated else parsed
     key = (spec.group, spec.name)
     if key in layer.fields and layer.fields[key] != parsed:
-        raise ConfigError(f"{option}: also set as {layer.written[key]} ({layer.fields[key]!r} there, {parsed!r} "
-                          f"here); set {spec.dotted} once.", option=option, value=value)
+        raise ConfigError(f"{option}: also set as {layer.written[key]} ({brief(layer.fields[key])} there, "
+                          f"{brief(parsed)} here); set {spec.dotted} once.", option=option, value=value)
     layer.fields[key], layer.written[key] = parsed, option
     return True
 
@@ -50,7 +50,8 @@ def from_mapping(schema: Schema, data: Mapping[str, Any], source: str | None = N
     """Nested ``{group: {field: value}}`` plus top-level fields; a key may also be any option spelling.
 
     A group's value may be a table or an instance of its dataclass. Unknown keys go to ``extra``
-    when the schema has one (with a warning when they look misspelt), else they are errors.
+    when the schema has one (recorded in ``Layer.loose``: :func:`check_declared` refuses the undeclared),
+    else they are errors.
     """
     layer = Layer()
     prefix = f"{source}: " if source else ""
@@ -71,14 +72,14 @@ def from_mapping(schema: Schema, data: Mapping[str, Any], source: str | None = N
                 value = _set_fields(schema, group, value)
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{prefix}{raw_key}: '{raw_key}' is an option group and needs a table of fields, "
-                                  f"got {value!r}.", option=f"{prefix}{raw_key}", value=value)
+                                  f"got {brief(value)}.", option=f"{prefix}{raw_key}", value=value)
             for raw_name, item in value.items():
                 _set(layer, schema, f"{group}.{raw_name}", item, f"{prefix}{raw_key}.{raw_name}")
         elif not _set(layer, schema, key, value, f"{prefix}{raw_key}"):
             if not schema.extra:
                 raise unknown(schema, key, f"{prefix}{raw_key}")
             layer.extra[key] = value  # no field of that name: kept for the script, like an unknown --option
-            warn_if_misspelled(schema, key, f"{prefix}{raw_key!r}")
+            layer.loose[key] = f"{prefix}{raw_key}"  # refused later unless the script declares it (check_declared)
     return layer
 
 
@@ -97,60 +98,29 @@ def _set_fields(schema: Schema, group: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def warn_if_misspelled(schema: Schema, key: str, where: str) -> None:
-    """An unknown key close to a group or option name is most likely a typo: say so (it still goes to extra)."""
+def closest_option(schema: Schema, key: str) -> str | None:
+    """The group or option name an unknown ``key`` most likely misspells, or None."""
     import difflib
-    import warnings
 
     known = [*schema.group_names, *(n for n in [*schema.names, *schema.bare] if "." not in n)]
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
-    if close:
-        warnings.warn(f"{where} is not a twinkle option and was kept in extra; did you mean {close[0]!r}? (Put a "
-                      "script's own keys under 'extra:' to silence this.)", UserWarning, stacklevel=4)
+    return close[0] if close else None
 
 
-def load_file(path: str | Path) -> dict[str, Any]:
-    """A ``.yaml``/``.yml`` (PyYAML, imported only here) or ``.toml`` file as a mapping (empty file: ``{}``)."""
-    path = Path(path).expanduser()
-    suffix = path.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".toml"):
-        raise _file_error(path, "expected a .yaml, .yml or .toml file.")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _file_error(path, f"cannot read it ({exc.strerror or exc}).") from None
-    loads, parse_error, kind = _parser(suffix, path)
-    try:
-        data = loads(text)
-    except parse_error as exc:
-        raise _file_error(path, f"not valid {kind}: {exc}.") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise _file_error(path, f"the top level must be a mapping of groups, got {type(data).__name__}.")
-    return dict(data)
-
-
-def _file_error(path: Path, message: str) -> ConfigError:
-    return ConfigError(f"config file {path}: {message}", option=str(path), value=str(path))
-
-
-def _parser(suffix: str, path: Path) -> tuple[Callable[[str], Any], type[Exception], str]:
-    """(loads, its error type, the format's name) for a config file; a missing library names its package."""
-    if suffix == ".toml":
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover - exercised on Python 3.10 only
-            try:
-                import tomli as tomllib
-            except ImportError:
-                raise _file_error(path, "reading TOML on Python 3.10 needs tomli: pip install tomli.") from None
-        return tomllib.loads, tomllib.TOMLDecodeError, "TOML"
-    try:
-        import yaml
-    except ImportError:
-        raise _file_error(path, "reading YAML needs PyYAML: pip install pyyaml (or use a .toml file).") from None
-    return yaml.safe_load, yaml.YAMLError, "YAML"
+def check_declared(schema: Schema, layers: Sequence[Layer], declared: set[str]) -> None:
+    """Every extra key set under a name that is no option must be ``declared`` (a script's own option), else it is
+    most likely a typo (``--learning-rat 0.5``): a ConfigError naming it, the closest option and the ways to
+    declare one."""
+    for layer in layers:
+        for key, written in layer.loose.items():
+            if key in declared:
+                continue
+            close = closest_option(schema, key)
+            hint = f"did you mean --{dash(close)}? " if close else ""
+            raise ConfigError(f"{written}: unknown option; {hint}A script's own option is declared by giving it a "
+                              f"default (CLI.parse(..., {key}=...)), written as --extra.{dash(key)} (extra: in a "
+                              "config file, TWINKLE_EXTRA__NAME), or allowed freely with CLI.parse(..., "
+                              "allow_extra=True).", option=written, value=key)
 
 
 def from_env(schema: Schema, environ: Mapping[str, str]) -> Layer:
@@ -176,7 +146,7 @@ def from_argv(schema: Schema, argv: Sequence[str], *, positional_config: bool = 
 
     ``positional_config``: a first argument that is no option names the config file (``twinkle train
     job.yaml``). A list option given twice collects both. Unknown names go to ``extra`` when the
-    schema has one, else they are errors.
+    schema has one (``--extra.NAME`` explicitly; others are recorded in ``Layer.loose``), else they are errors.
     """
     layer = Layer()
     i = 0
@@ -189,7 +159,7 @@ def from_argv(schema: Schema, argv: Sequence[str], *, positional_config: bool = 
             layer.help = True
             continue
         if not _is_option(token):
-            raise ConfigError(f"unexpected argument {token!r}: options are written --name value or --name=value "
+            raise ConfigError(f"unexpected argument {brief(token)}: options are written --name value or --name=value "
                               "(booleans: --flag, --no-flag or --flag=false).", option=token, value=token)
         name, eq, inline = token[2:].partition("=")
         value: str | None = inline if eq else None
@@ -205,7 +175,7 @@ def from_argv(schema: Schema, argv: Sequence[str], *, positional_config: bool = 
         if hit is None:
             if not schema.extra:
                 raise unknown(schema, name, option)
-            i = _extra(layer, schema, norm(name), value, argv, i)
+            i = _extra(layer, schema, norm(name), value, argv, i, option)
             continue
         spec, negated = hit
         if spec.kind == "bool":
@@ -234,15 +204,21 @@ def _put(layer: Layer, spec: Spec, parsed: Any) -> None:
     layer.fields[key] = parsed
 
 
-def _extra(layer: Layer, schema: Schema, key: str, value: str | None, argv: Sequence[str], i: int) -> int:
-    """An option no group defines, for the script's ``extra``; returns the next argument's index."""
-    warn_if_misspelled(schema, key, f"--{dash(key)}")
+def _extra(layer: Layer, schema: Schema, key: str, value: str | None, argv: Sequence[str], i: int,
+           written: str) -> int:
+    """An option no group defines, for the script's ``extra`` (``--extra.NAME``: explicitly so); returns the next
+    argument's index."""
+    explicit = key.startswith("extra.")
+    key = key[len("extra."):] if explicit else key
     if value is None and i < len(argv) and not _is_option(argv[i]):
         value, i = argv[i], i + 1
     if value is not None:
         layer.extra[key] = parse_extra(value)
     elif key.startswith("no_"):
-        layer.extra[key[3:]] = False
+        key = key[3:]
+        layer.extra[key] = False
     else:
         layer.extra[key] = True
+    if not explicit:
+        layer.loose[key] = written
     return i

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from twinkle.config.schema import ConfigError, Spec
+from twinkle.config.schema import ConfigError, Spec, brief
 
 TRUE_WORDS = ("true", "yes", "on", "1")
 FALSE_WORDS = ("false", "no", "off", "0")
@@ -22,7 +22,7 @@ NONE_WORDS = ("none", "null", "")
 def _bad(spec: Spec, option: str, value: Any, why: str = "", bound: str | None = None) -> ConfigError:
     """A wrong value; ``expected`` names the type (and the one bound ``value`` is outside of)."""
     expected = spec.label([] if bound is None else [bound])
-    return ConfigError(f"{option}: invalid value {value!r}; expected {expected}{why}.", option=option, value=value,
+    return ConfigError(f"{option}: invalid value {brief(value)}; expected {expected}{why}.", option=option, value=value,
                        expected=expected)
 
 
@@ -84,6 +84,9 @@ def _split(text: str) -> list[str]:
 
 def coerce(spec: Spec, value: Any, option: str) -> Any:
     """``value`` as ``spec``'s type, checked; ``option`` names it in the error (as the user wrote it)."""
+    if spec.kind == "path" and isinstance(value, str) and not value.strip():
+        # '' would otherwise mean none, i.e. the default directory: an empty path is a mistake, not a choice
+        raise _bad(spec, option, value, " (an empty path; write none for the default)")
     if value is None or (spec.optional and isinstance(value, str) and value.strip().lower() in NONE_WORDS):
         if spec.optional:
             return None

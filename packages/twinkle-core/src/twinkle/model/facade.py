@@ -441,16 +441,17 @@ class ModelFacade(TwinkleModel):
     @locked
     def resume_from_checkpoint(self, checkpoint_dir: str, resume_only_model: bool = False, *,
                                adapter_name: str | None = None, skip_checkpoint_validation: bool = False,
-                               **kwargs: Any) -> dict[str, int]:
+                               pre_manifest: bool = False, **kwargs: Any) -> dict[str, int]:
         """Restore weights (+ optimizer, scheduler, scaler, RNG unless ``resume_only_model``) and progress.
 
         Every file is read and checked before anything is changed, its bytes against ``manifest.json``'s
         checksums unless ``skip_checkpoint_validation=True`` (a warning; sizes are still checked); returns the
-        restored progress.
+        restored progress. A directory without ``manifest.json`` is refused unless ``pre_manifest=True`` (a
+        checkpoint saved before manifests existed: structural checks only, with a warning).
         """
         check_no_kwargs("resume_from_checkpoint", kwargs)
         return self.checkpoints.resume(self._group(adapter_name), checkpoint_dir, resume_only_model,
-                                       skip_checkpoint_validation)
+                                       skip_checkpoint_validation, pre_manifest)
 
     @locked
     def get_state_dict(self, *, adapter_name: str | None = None, **kwargs: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from twinkle.config import Config, ConfigError, build, from_mapping, load_file, opt, schema_of
+from twinkle.config.schema import norm
 from twinkle.constants import TRUNCATION_STRATEGIES
 from twinkle.launch import TINY_MODEL, InfraConfig, ModelConfig
 from twinkle.trainer.groups import (
@@ -66,10 +67,16 @@ class OptimizerConfig(Config):
     def check(self) -> None:
         if self.betas is not None and (len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas)):
             raise ConfigError(f"betas: {self.betas!r}; expected two numbers in [0, 1), e.g. 0.9,0.95.")
-        named = {"betas": self.betas, "eps": self.eps, "foreach": self.foreach}
-        clash = sorted(k for k, v in named.items() if v is not None and k in self.kwargs)
+        # a kwargs key that is also a set field (lr and weight_decay always are: they have defaults) would silently
+        # replace it (``lr`` in kwargs beat ``optimizer.lr``); one of an unset optional field (eps) replaces nothing
+        set_fields = [f for f in fields(self) if f.name != "kwargs" and getattr(self, f.name) is not None]
+        fields_ = {norm(spelling): f.name for f in set_fields for spelling in (f.name, *f.metadata.get("aliases", ()))}
+        clash = [(key, fields_[norm(str(key))]) for key in self.kwargs if norm(str(key)) in fields_]
         if clash:
-            raise ConfigError(f"kwargs: {clash} are also fields of this group; set them once.")
+            both = "; ".join(f"kwargs.{key} and {name}" for key, name in clash)
+            raise ConfigError(f"kwargs: {both} set the same optimizer argument; give it once, as optimizer."
+                              f"{clash[0][1]} (kwargs is for arguments the group has no field for, e.g. momentum).",
+                              option="optimizer.kwargs", value=clash[0][0])
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """What the optimizer is constructed with (lr, weight_decay, the set ones of betas/eps/foreach, kwargs)."""
@@ -288,6 +295,8 @@ class LossConfig(Config):
 #: xtuner's name of the loss group
 CELossConfig = LossConfig
 GRAD_NORM_DTYPES = ("float32", "float64")
+#: numpy's seeds are 32-bit (torch's 64): a larger seed would pass here and overflow when the run starts
+SEED_MAX = 2**32 - 1
 
 
 @dataclass
@@ -334,7 +343,7 @@ class TrainerConfig(Config):
     profile_step: list[int] | int | None = opt(None, "steps to profile (torch.profiler trace, memory, probers)", min=1)
     profile_time: bool = opt(True, "a torch.profiler trace of each profile_step")
     profile_memory: bool = opt(False, "a memory snapshot (CUDA) or memory timeline (CPU) of each profile_step")
-    seed: int = opt(42, "random seed", min=0)
+    seed: int = opt(42, "random seed", min=0, max=SEED_MAX)
     progress_bar: bool = opt(True, "show the training progress bar")
     tokenizer_path: str | Path | None = opt(
         None, "tokenizer to encode with and save in checkpoints; none = the model's")

@@ -22,12 +22,14 @@ def verify(trainer: Any, path: Path) -> dict[str, Any]:
     return store.verify(path, checksums=not skip)
 
 
-def auto_resume(trainer: Any, loader: Any) -> tuple[dict[str, Any], Path | None]:
-    """Continue from the newest checkpoint (or snapshot) that verifies and loads; damaged newer ones are
-    reported and skipped.
+def auto_resume(trainer: Any, loader: Any, total: int) -> tuple[dict[str, Any], Path | None]:
+    """Continue from the newest checkpoint (or snapshot) that verifies, fits this run and loads; damaged
+    newer ones are reported and skipped.
 
     If a checkpoint verified but failed to load and no older one loads either, that is an error:
-    training on from a model that may hold part of a checkpoint is never called "from scratch".
+    training on from a model that may hold part of a checkpoint is never called "from scratch". A
+    checkpoint this run's config cannot continue (its step past ``total``, another optimizer) is a
+    ConfigError saying which option to change.
     """
     from twinkle.checkpoint import CheckpointError
 
@@ -37,6 +39,13 @@ def auto_resume(trainer: Any, loader: Any) -> tuple[dict[str, Any], Path | None]
             state = verify(trainer, path)
         except CheckpointError as exc:
             logger.warning("auto_resume: checkpoint %s is damaged (%s); falling back to the previous one.",
+                           path.name, exc)
+            continue
+        try:
+            check_progress(trainer, path, state, total)
+        except CheckpointError as exc:  # complete, but not a state this run can continue: never "from scratch"
+            failed.append(f"{path.name}: {exc}")
+            logger.warning("auto_resume: checkpoint %s is refused (%s); falling back to the previous one.",
                            path.name, exc)
             continue
         try:
@@ -62,6 +71,67 @@ def auto_resume(trainer: Any, loader: Any) -> tuple[dict[str, Any], Path | None]
     return {}, None
 
 
+def check_progress(trainer: Any, path: Path, state: Any, total: int) -> None:
+    """The checkpoint's progress is one this run could have reached, checked before anything is loaded.
+
+    ``trainer.json`` (``state``) and the model's ``trainer_state.json`` must agree with each other and with the
+    step the checkpoint is named for; the model's accumulation must be this run's; the samples consumed at
+    most what its steps (and skipped windows) took. A mismatch is a CheckpointError (auto_resume falls back
+    to the previous checkpoint); a step past ``total`` or another optimizer is a ConfigError naming the option.
+    """
+    from twinkle.checkpoint import CheckpointError, read_trainer_state
+    from twinkle.checkpoint.layout import TRAINER_STATE_FILE
+    from twinkle.config import ConfigError
+
+    where = str(path / store.TRAINER_FILE)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where!r} holds {type(state).__name__}, not the Trainer's progress table.")
+    rows_per_step = trainer.gas * trainer.rows_per_micro_batch  # this run's; the saving run's when recorded
+    fields = {key: state.get(key, {"skipped_windows": 0, "rows_per_step": rows_per_step}.get(key))
+              for key in ("step", "consumed_train_samples", "skipped_windows", "rows_per_step")}
+    for key, value in fields.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise CheckpointError(f"{where!r}: field {key!r} must be a non-negative integer, got "
+                                  f"{str(value)[:40]!r}; the file was edited or damaged.")
+    named = store.named_step(path)
+    model_file = path / store.MODEL_SUBDIR / TRAINER_STATE_FILE
+    model = read_trainer_state(path / store.MODEL_SUBDIR)  # bounded and typed
+    for what, value in (("its name" if path.name != store.SNAPSHOT else "its manifest", named),
+                        (f"{where!r} (step)", fields["step"])):
+        if value is not None and value != model["cur_step"]:
+            raise CheckpointError(f"{str(model_file)!r}: field 'cur_step' is {model['cur_step']}, but the checkpoint "
+                                  f"is step {value} by {what}; the files were edited or damaged.")
+    if model["consumed_train_samples"] != fields["consumed_train_samples"]:
+        raise CheckpointError(f"{str(model_file)!r}: field 'consumed_train_samples' is "
+                              f"{model['consumed_train_samples']}, {where!r} says {fields['consumed_train_samples']}; "
+                              "the files were edited or damaged.")
+    window = trainer.gas * trainer.config.intra_layer_micro_batch
+    if model["gradient_accumulation_steps"] != window:
+        raise CheckpointError(
+            f"{str(model_file)!r}: field 'gradient_accumulation_steps' is {model['gradient_accumulation_steps']}, this "
+            f"run accumulates {window} micro-batches per step (global_batch_size, dataloader."
+            "gradient_accumulation_steps, dataloader.micro_batch_size and intra_layer_micro_batch decide it): resume "
+            "with the batching of the run that saved it, or start a new run.")
+    most = (model["cur_step"] + fields["skipped_windows"]) * fields["rows_per_step"]
+    if model["consumed_train_samples"] > most:
+        raise CheckpointError(
+            f"{str(model_file)!r}: field 'consumed_train_samples' is {model['consumed_train_samples']}, more than the "
+            f"{most} rows {model['cur_step']} steps (and {fields['skipped_windows']} skipped windows) of "
+            f"{fields['rows_per_step']} rows took; the files were edited or damaged.")
+    if model["cur_step"] > total:
+        raise ConfigError(
+            f"total_step: this run trains {total} steps, but {str(path)!r} is at step {model['cur_step']}, past its "
+            f"end; raise total_step (or total_epoch) above {model['cur_step']} to train on from it, or start over in "
+            "another work_dir (or with overwrite=true).", option="total_step", value=total)
+    saved = state.get("optimizer")
+    if isinstance(saved, str) and saved != trainer.config.optimizer.name:
+        raise ConfigError(
+            f"optimizer.name: {trainer.config.optimizer.name!r}, but {str(path)!r} was trained with {saved!r}, whose "
+            f"state does not fit another optimizer: resume with optimizer.name {saved!r}, or start from its weights "
+            f"alone in a new work_dir with load_from={str(path)!r}.", option="optimizer.name",
+            value=trainer.config.optimizer.name)
+
+
 def load_checkpoint(trainer: Any, loader: Any, path: Path, total: int) -> tuple[dict[str, Any], Path]:
     """Start from the Trainer checkpoint ``path`` with the states ``load_checkpoint``'s flags choose.
 
@@ -79,6 +149,7 @@ def load_checkpoint(trainer: Any, loader: Any, path: Path, total: int) -> tuple[
                           f"{store.TRAINER_FILE}); give a work_dir/checkpoints/step-N directory, or use load_from for "
                           "weights alone.", option="load_checkpoint.checkpoint_path")
     state = verify(trainer, path)
+    check_progress(trainer, path, state, total)
     model = trainer.model
     group = model.optimizer_group[trainer._group_name()]
     fresh = None if flags.everything else copy.deepcopy(group.optimizer.state_dict())

@@ -221,6 +221,12 @@ def model_source(cfg: TrainerConfig) -> tuple[str, Path | None]:
     if not cfg.load_from:
         return cfg.model.model_id, None
     path = Path(cfg.load_from).expanduser()
+    if path.is_file():  # the weights are a directory; a file here is most likely a config given to the wrong option
+        hint = f" (a config file: twinkle train {cfg.load_from}, or --config)" if path.suffix.lower() in (
+            ".yaml", ".yml", ".toml") else ""
+        raise ConfigError(f"load_from: {str(path)!r} is a file{hint}; load_from takes a directory: an HF model "
+                          "(config.json and weights) or a twinkle train checkpoint (work_dir/checkpoints/step-N).",
+                          option="load_from", value=cfg.load_from)
     if (path / TRAINER_FILE).is_file():
         return cfg.model.model_id, path / MODEL_SUBDIR
     return cfg.load_from, None

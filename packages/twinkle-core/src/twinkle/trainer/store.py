@@ -95,6 +95,18 @@ def verify(path: Path, checksums: bool = True) -> dict[str, Any]:
         raise CheckpointError(f"{str(path / TRAINER_FILE)!r} is not valid JSON ({exc}).") from exc
 
 
+def named_step(path: Path) -> int | None:
+    """The step a checkpoint is named for: ``step-N``'s N, the snapshot's manifest step (None: unreadable)."""
+    match = _NAME.match(path.name)
+    if match:
+        return int(match.group(1))
+    try:
+        step = json.loads((path / MANIFEST).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def list_checkpoints(root: Path, with_snapshot: bool = False) -> list[tuple[int, Path]]:
     """``(step, path)`` of every directory named like a checkpoint, oldest first (complete or not).
 

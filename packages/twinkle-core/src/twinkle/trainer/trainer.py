@@ -75,6 +75,7 @@ class Trainer:
         self.ckpt_root = self.work_dir / "checkpoints"
         self._stop_requested = False
         self._pending: Any = None  # an async checkpoint still being written
+        self.skipped_windows = 0  # windows that took data but made no optimizer step (their rows count as consumed)
         self._lock: WorkDirLock | None = None
         self.model: Any = None
         self.run: workdir.Run | None = None
@@ -208,6 +209,7 @@ class Trainer:
         # the step, micro-step and skips are the model's own (in ray mode a live view of rank 0's group)
         group = model.optimizer_group[self._group_name()]
         state, resumed_from = self._restore(loader, total)
+        self.skipped_windows = int(state.get("skipped_windows", 0))  # windows that took data but made no step
         self.best = min(x for x in (state.get("best_eval_loss"), workdir.best_loss(self.work_dir, self.run.run_id),
                                     math.inf) if x is not None)
         tracker = make_tracker(cfg.exp_tracker, self.work_dir, group.cur_step, self.log_dir if cfg.log_dir else None,
@@ -232,6 +234,7 @@ class Trainer:
                     self._finish_pending()  # one process: complete it as soon as its files are written
                 metric = model.calculate_metric(is_training=True, adapter_name=self.adapter)
                 if group.cur_step == step_before:  # inf/NaN (or over skip_grad_norm_threshold): skipped, warned
+                    self.skipped_windows += 1
                     continue
                 last_loss = float(metric.get("loss", math.nan))
                 record = {k: float(v) for k, v in metric.items() if k != "step" and _is_number(v)}
@@ -313,7 +316,7 @@ class Trainer:
 
         cfg = self.config
         if cfg.auto_resume:
-            state, path = auto_resume(self, loader)
+            state, path = auto_resume(self, loader, total)
             if path is not None:
                 return state, path
         if cfg.load_checkpoint.checkpoint_path is not None:
@@ -347,7 +350,9 @@ class Trainer:
         """
         consumed = loader.get_state()["consumed_train_samples"]
         state = {"step": step, "consumed_train_samples": consumed, "last_loss": last_loss,
-                 "best_eval_loss": None if math.isinf(self.best) else self.best, "run_id": self.run.run_id}
+                 "best_eval_loss": None if math.isinf(self.best) else self.best, "run_id": self.run.run_id,
+                 "skipped_windows": self.skipped_windows, "optimizer": self.config.optimizer.name,
+                 "rows_per_step": self.gas * self.rows_per_micro_batch}
         event = "after_save_snapshot" if snapshot else "after_save_dcp"
 
         def save_model(tmp: Path) -> Any:
