@@ -56,7 +56,7 @@ SOURCE_ERRORS = [
     (lambda tmp: DatasetMeta(data=ROWS, data_slice=5), DataError, r"data_slice must be an iterable"),
     (lambda tmp: DatasetMeta(), DataError, r"needs exactly one source"),
     (lambda tmp: DatasetMeta(data=[{"q": "a"}, "b"]), DataError, r"row 1 is a str, not a dict"),
-    (lambda tmp: DatasetMeta(data=[{"q": "a"}, {"q": 1}]), DataError, r"same type for a given column"),
+    (lambda tmp: DatasetMeta(data=[{"q": "a"}, {"q": 1}]), DataError, r"same type for a given field"),
     (lambda tmp: DatasetMeta(str(tmp)), DataError, r"Could not load"),
     (lambda tmp: DatasetMeta("twinkle://nothing"), FileNotFoundError, r"no embedded asset 'nothing'; known:"),
 ]

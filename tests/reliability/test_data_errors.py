@@ -51,7 +51,7 @@ def test_non_utf8_bytes_name_the_file_and_line(tmp_path, suffix, head, line) -> 
 def test_a_wrong_typed_field_names_the_row_and_field(tmp_path, value, kind) -> None:
     path = tmp_path / "typed.jsonl"
     path.write_text(GOOD + GOOD + f'{{"query": {value}, "response": "x"}}\n')
-    match = rf"typed\.jsonl' as json: line 3: field 'query' is {kind} .* line 1 has it as a string"
+    match = rf"typed\.jsonl' as json: line 3: field 'query' is {kind} .* line 1's 'query' is a string"
     with pytest.raises(DataError, match=match):
         _load(path)
 
@@ -59,6 +59,20 @@ def test_a_wrong_typed_field_names_the_row_and_field(tmp_path, value, kind) -> N
 def test_in_memory_rows_with_a_wrong_typed_field_name_the_row() -> None:
     rows = [{"query": "a", "response": "b"}, {"query": "c", "response": "d"}, {"query": 3, "response": "e"}]
     with pytest.raises(DataError, match=r"DatasetMeta\.data row 2: field 'query' is a number"):
+        Dataset(DatasetMeta(data=rows))
+
+
+@pytest.mark.parametrize("rows,where,field,kind,first", [
+    ([{"messages": [{"role": "user", "content": "hi"}]}, {"messages": [{"role": "user", "content": 3}]}],
+     "row 1", r"messages\[0\]\.content", "a number", r"row 0's 'messages\[0\]\.content' is a string"),
+    ([{"messages": [{"role": "user", "content": 7}, {"role": "assistant", "content": "a"}]}],
+     "row 0", r"messages\[1\]\.content", "a string", r"row 0's 'messages\[0\]\.content' is a number \(7\)"),
+])
+def test_in_memory_messages_with_a_wrong_typed_content_name_the_row_and_message(rows, where, field, kind,
+                                                                                 first) -> None:
+    """A message's content of another type than the other messages' names both (Arrow's own error names
+    neither the row nor the field)."""
+    with pytest.raises(DataError, match=rf"DatasetMeta\.data {where}: field '{field}' is {kind} .* but {first}"):
         Dataset(DatasetMeta(data=rows))
 
 

@@ -71,20 +71,38 @@ def type_mismatch(rows: Iterable[tuple[str, Any]]) -> str | None:
 
     ``rows`` are ``(where, row)`` pairs, ``where`` naming the row ("line 3", "row 2") in the message.
     """
-    seen: dict[str, tuple[str, str]] = {}
+    seen: dict[str, tuple[str, str, str, Any]] = {}
     for where, row in rows:
         if not isinstance(row, Mapping):
             return f"{where} is a {type(row).__name__}, not a dict/object: {preview(row)}."
-        for key, value in row.items():
+        for shape, field, value in _fields(row):
             kind = _kind(value)
             if kind is None:
                 continue
-            first = seen.setdefault(key, (kind, where))
-            if first[0] != kind:
-                return (f"{where}: field {key!r} is {kind} ({preview(value, 60)}) but {first[1]} has it as "
-                        f"{first[0]}. Every row must use the same type for a given column (e.g. quote numbers as "
-                        "strings): fix that row.")
+            first_kind, first_where, first_field, first_value = seen.setdefault(shape, (kind, where, field, value))
+            if first_kind != kind:
+                return (f"{where}: field {field!r} is {kind} ({preview(value, 60)}) but {first_where}'s "
+                        f"{first_field!r} is {first_kind} ({preview(first_value, 60)}). Every row must use the same "
+                        "type for a given field (a message's 'content' is a string; quote numbers as strings): "
+                        "fix the row that differs.")
     return None
+
+
+def _fields(row: Mapping[str, Any], prefix: str = "", shape_prefix: str = "", depth: int = 0) -> Iterable[
+        tuple[str, str, Any]]:
+    """``(shape, field, value)`` for every field of a row, nested objects and lists of objects included:
+    ``messages[1].content`` has the shape ``messages[].content`` (one column type for every message)."""
+    for key, value in row.items():
+        field, shape = f"{prefix}{key}", f"{shape_prefix}{key}"
+        yield shape, field, value
+        if depth >= 4:  # a column's type is decided near the top; bounded for hostile nesting
+            continue
+        if isinstance(value, Mapping):
+            yield from _fields(value, f"{field}.", f"{shape}.", depth + 1)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    yield from _fields(item, f"{field}[{i}].", f"{shape}[].", depth + 1)
 
 
 def _kind(value: Any) -> str | None:
