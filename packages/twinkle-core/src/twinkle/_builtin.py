@@ -33,12 +33,14 @@ _RL_LOSSES = {
     "cross_entropy": "TokenCrossEntropy", "importance_sampling": "ImportanceSamplingLoss", "ppo": "PPOLoss",
     "cispo": "CISPOLoss", "dro": "DROLoss", "gspo": "GSPOLoss", "grpo": "GRPOLoss", "dr_grpo": "DrGRPOLoss",
     "bnpo": "BNPOLoss", "dpo": "DPOLoss", "ipo": "IPOLoss", "simpo": "SimPOLoss", "orpo": "ORPOLoss",
+    "sapo": "SAPOLoss", "cpo": "CPOLoss",
 }
 
 
 @hookimpl
 def register_losses():
-    specs = {"CrossEntropyLoss": "twinkle.loss:CrossEntropyLoss", "InfoNCELoss": "twinkle.loss:InfoNCELoss"}
+    specs = {name: f"twinkle.loss:{name}" for name in ("CrossEntropyLoss", "InfoNCELoss", "ChunkedCrossEntropyLoss",
+                                                      "MSELoss", "GKDLoss")}
     specs.update({name: f"twinkle.loss:{cls}" for name, cls in _RL_LOSSES.items()})
     return specs
 
