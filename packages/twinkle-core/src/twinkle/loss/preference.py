@@ -227,7 +227,7 @@ class SimPOLoss(PreferenceLoss):
 
     name = "simpo"
 
-    def __init__(self, beta: float = 2.0, gamma: float = 0.5) -> None:
+    def __init__(self, beta: float = 2.5, gamma: float = 0.5) -> None:  # upstream Twinkle's default beta
         super().__init__(beta)
         self.gamma = float(gamma)
 
