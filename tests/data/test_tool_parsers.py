@@ -53,7 +53,7 @@ def test_react_and_cline_calls():
 
 
 def test_registry_order_and_errors():
-    assert ToolCallRegistry.names()[:3] == ["hermes_qwen", "cline", "react"]
+    assert ToolCallRegistry.names()[:4] == ["hermes_qwen", "deepseek_dsml", "cline", "react"]
     assert ToolCallRegistry.get("react").name == "react"
     with pytest.raises(ValueError, match="named 'react' is registered already"):
         ToolCallRegistry.register(ReActParser())
@@ -62,3 +62,22 @@ def test_registry_order_and_errors():
     with pytest.raises(TypeError, match="named ToolCallParser instance"):
         ToolCallRegistry.register(ReActParser)
     assert issubclass(ClineParser, ToolCallParser)
+
+
+def test_templates_parse_the_calls_of_their_own_family():
+    from twinkle.template import DeepSeekV4Template, Qwen3_5Template
+    from twinkle.template.deepseek import DEEPSEEK_V4
+    from twinkle.template.deepseek_v4 import DeepseekV4Template
+
+    calls = [{"type": "function", "function": {"name": "search", "arguments": {"q": "weather", "limit": 3}}}]
+    messages = [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": "Need data.", "tool_calls": calls}]
+    rendered = _render(DEEPSEEK_V4, messages)
+    template = DeepseekV4Template.__new__(DeepseekV4Template)  # parsing needs no tokenizer
+    assert DeepseekV4Template is DeepSeekV4Template
+    reply = rendered.rsplit("Need data.", 1)[1]
+    assert template.parse_tool_call("Need data." + reply) == calls == template.parse(rendered)
+    assert template.clean_tool_call("Need data.\n\n" + reply.split("<｜end▁of▁sentence｜>")[0]) == "Need data."
+    qwen = Qwen3_5Template.__new__(Qwen3_5Template)
+    assert qwen.parse('<tool_call>{"name": "f", "arguments": {}}</tool_call>')[0]["function"]["name"] == "f"
+    assert qwen.clean("no calls here ") == "no calls here"

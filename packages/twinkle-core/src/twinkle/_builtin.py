@@ -72,7 +72,8 @@ def register_templates():
         for module, name in (
             ("base", "Template"), ("chatml", "ChatMLTemplate"), ("qwen", "Qwen2_5Template"),
             ("qwen", "Qwen3Template"), ("qwen", "Qwen3_5Template"), ("llama", "Llama3Template"),
-            ("deepseek", "DeepSeekR1Template"), ("deepseek", "DeepSeekV4Template"), ("others", "MistralTemplate"),
+            ("deepseek", "DeepSeekR1Template"), ("deepseek", "DeepSeekV4Template"),
+            ("deepseek_v4", "DeepseekV4Template"), ("others", "MistralTemplate"),
             ("others", "YiTemplate"), ("others", "GLM4Template"), ("others", "InternLM2Template"),
             ("vl", "VLTemplate"), ("vl", "Qwen2VLTemplate"), ("vl", "Qwen2_5VLTemplate"), ("vl", "Qwen3VLTemplate"),
             ("vl", "Qwen3_5VLTemplate"), ("internvl", "InternVL2_5Template"),

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from twinkle.template.tools.base import ToolCallParser
 from twinkle.template.tools.cline import ClineParser
+from twinkle.template.tools.dsml import DSMLParser
 from twinkle.template.tools.hermes import HermesQwenParser
 from twinkle.template.tools.react import ReActParser
 
@@ -48,5 +49,5 @@ class ToolCallRegistry:
         return next((p for p in cls._parsers.values() if p.detect(text or "")), None)
 
 
-for _parser in (HermesQwenParser(), ClineParser(), ReActParser()):
+for _parser in (HermesQwenParser(), DSMLParser(), ClineParser(), ReActParser()):
     ToolCallRegistry.register(_parser)
