@@ -79,6 +79,23 @@ def ref_sapo(seqs, tau_pos=1.0, tau_neg=1.0, **_):
     return -sum(per_sequence) / len(seqs)
 
 
+def ref_grpo_entropy(seqs, coef=0.0, **_):
+    """GRPO's sequence means of (surrogate + coef * H_t), H_t the entropy of position t's distribution."""
+    per_sequence = []
+    for s in seqs:
+        lp = logprobs_of(s)
+        terms = []
+        for t in range(len(lp)):
+            if s.weights[t] == 0:
+                continue
+            r = torch.exp(lp[t] - s.q[t])
+            p = torch.softmax(s.logits[t], dim=0)
+            entropy = -(p * torch.log(p)).sum()
+            terms.append(torch.min(r * s.A[t], torch.clamp(r, 0.8, 1.2) * s.A[t]) + coef * entropy)
+        per_sequence.append(sum(terms) / len(terms))
+    return -sum(per_sequence) / len(seqs)
+
+
 PAIR_FIELDS = ("weights", "ref_logprobs")
 CASES = [
     ("cpo", CPOLoss(beta=0.3, bc_coef=0.5), ref_cpo, dict(beta=0.3, bc_coef=0.5), ("weights",), {}),
@@ -90,6 +107,8 @@ CASES = [
     ("sapo", SAPOLoss(tau_pos=1.0, tau_neg=1.05), ref_sapo, dict(tau_pos=1.0, tau_neg=1.05),
      ("weights", "logprobs", "advantages"), {}),
     ("grpo_epsilon", GRPOLoss(epsilon=0.1, epsilon_high=0.3), ref_grpo, dict(low=0.9, high=1.3),
+     ("weights", "logprobs", "advantages"), {}),
+    ("grpo_entropy", GRPOLoss(entropy_coef=0.05), ref_grpo_entropy, dict(coef=0.05),
      ("weights", "logprobs", "advantages"), {}),
 ]
 

@@ -31,7 +31,7 @@ import torch
 
 from twinkle.loss.base import Loss
 from twinkle.loss.policy import _ratio_bounds, clipped_surrogate, epsilon_bounds
-from twinkle.loss.token_inputs import TokenOutputs, TokenView, loss_inputs
+from twinkle.loss.token_inputs import TokenOutputs, TokenView, loss_inputs, token_entropies
 
 NORMALIZATIONS = ("sequence", "token", "constant")
 
@@ -43,6 +43,8 @@ class GRPOLoss(Loss):
         clip_low_threshold, clip_high_threshold: the ratio's clip bounds (Tinker's names).
         beta: the KL coefficient (0: no reference forward).
         max_tokens: the generation budget (``dr_grpo`` only; upstream's ``max_completion_length``).
+        entropy_coef: subtracts this times each token's policy entropy (an exploration bonus): from
+            ``outputs['entropies']`` (aligned like ``logps``) or computed from the logits.
         epsilon, epsilon_high: upstream Twinkle's bounds ``1 - epsilon`` and ``1 + epsilon_high`` (default
             ``epsilon``); given, they replace the thresholds. ``clip_range`` is another name of ``epsilon``.
 
@@ -57,8 +59,11 @@ class GRPOLoss(Loss):
     def __init__(self, clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2, beta: float = 0.0,
                  max_tokens: int | None = None, *, epsilon: float | None = None,
                  epsilon_high: float | None = None, clip_range: float | None = None,
-                 max_completion_length: int | None = None) -> None:
+                 max_completion_length: int | None = None, entropy_coef: float = 0.0) -> None:
         super().__init__("mean")
+        if not entropy_coef >= 0:
+            raise ValueError(f"{self.name}: entropy_coef must be >= 0, got {entropy_coef!r}.")
+        self.entropy_coef = float(entropy_coef)
         if max_completion_length is not None:  # upstream's name of the generation budget
             if max_tokens is not None and max_tokens != max_completion_length:
                 raise ValueError(f"{self.name}: max_tokens={max_tokens!r} and max_completion_length="
@@ -86,13 +91,15 @@ class GRPOLoss(Loss):
         return torch.exp(view.log_ratio(logprobs))
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-        view, logprobs, _ = loss_inputs(inputs, outputs, self.name, kwargs)
+        view, logprobs, logits = loss_inputs(inputs, outputs, self.name, kwargs)
         if "logprobs" not in view.fields:  # on-policy (one update per rollout, as upstream): the ratio is 1
             view.fields["logprobs"] = logprobs.detach()
         per_token = self.surrogate(self.ratio(logprobs, view), view.field("advantages"))
         if self.beta > 0:
             delta = -view.log_ratio(logprobs, "ref_logprobs")
             per_token = per_token + self.beta * (torch.exp(delta) - delta - 1)
+        if self.entropy_coef > 0:
+            per_token = per_token - self.entropy_coef * token_entropies(outputs, logits, view, self.name)
         self.last_outputs = TokenOutputs({"logprobs": logprobs.detach()}, view.segments)
         return self._normalise(per_token * view.weights, view)
 

@@ -265,6 +265,22 @@ def loss_inputs(inputs: Mapping[str, Any], outputs: Any, loss_name: str,
     return view, view.logprobs(logits), logits
 
 
+def token_entropies(outputs: Any, logits: torch.Tensor | None, view: TokenView, loss_name: str) -> torch.Tensor:
+    """Each position's policy entropy in the view's alignment: ``outputs['entropies']``, else from the logits."""
+    get = outputs.get if isinstance(outputs, Mapping) else lambda name: getattr(outputs, name, None)
+    given = get("entropies")
+    if isinstance(given, torch.Tensor):
+        values = given.to(view.weights)
+        if values.shape != view.weights.shape:
+            raise ValueError(f"The {loss_name} loss: outputs['entropies'] has shape {tuple(values.shape)}, expected "
+                             f"{tuple(view.weights.shape)} (one per position).")
+        return _shift(values, 0.0) if view.labels_layout else values
+    if logits is None:
+        raise KeyError(f"The {loss_name} loss with entropy_coef > 0 needs outputs['entropies'] or the logits.")
+    logp = torch.log_softmax(logits.to(view.weights.dtype), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
 def _output_logps(outputs: Any) -> torch.Tensor | None:
     """``outputs['logps']`` when the outputs carry per-token log-probabilities and no logits, else None."""
     get = outputs.get if isinstance(outputs, Mapping) else lambda name: getattr(outputs, name, None)
