@@ -300,3 +300,20 @@ def test_gkd_is_the_generalised_jsd_to_the_teacher(beta):
     assert abs(float(same)) < 1e-12
     with pytest.raises(KeyError, match="needs the teacher's logits"):
         GKDLoss(beta=beta)(inputs, {"logits": student})
+
+
+def test_gkd_on_the_teachers_top_k_tokens_renormalises_both_there():
+    inputs, student = _label_batch(seed=5)
+    teacher = torch.randn(student.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    trained = F.pad(inputs["labels"], (0, 1), value=-100)[:, 1:] != -100
+    top = teacher.topk(4, dim=-1)
+    # the reference: both distributions restricted to the teacher's 4 tokens, as logits over those 4
+    expected = _gkd_reference(student.gather(-1, top.indices), top.values, trained, 0.4, temperature=1.5)
+    cut = GKDLoss(beta=0.4, temperature=1.5, topk=4)(inputs, {"logits": student}, teacher_logits=teacher)["loss"]
+    logprobs = torch.log_softmax(teacher, dim=-1).gather(-1, top.indices)  # what an API teacher returns
+    api = GKDLoss(beta=0.4, temperature=1.5)(inputs, {"logits": student}, teacher_topk_logprobs=logprobs,
+                                             teacher_topk_indices=top.indices)["loss"]
+    torch.testing.assert_close(cut, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(api, expected, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="give both teacher_topk_logprobs= and teacher_topk_indices="):
+        GKDLoss()(inputs, {"logits": student}, teacher_topk_logprobs=logprobs)

@@ -24,18 +24,23 @@ class GKDLoss(Loss):
     shifted as :class:`CrossEntropyLoss` shifts them), so micro-batches accumulate exactly.
 
     The teacher's logits (same shape as the student's) come as ``teacher_logits=`` in the call, or as
-    ``teacher_logits`` in the outputs or the inputs.
+    ``teacher_logits`` in the outputs or the inputs. A teacher known only by its top ``k`` tokens per
+    position (an API teacher) comes as ``teacher_topk_logprobs=`` and ``teacher_topk_indices=``
+    (``(rows, T, k)``); with ``topk`` set, full teacher logits are cut to their top ``k``. Then both
+    distributions are renormalised over those ``k`` tokens and compared there.
 
     Args:
         beta: the interpolation in [0, 1].
         temperature: divides both logits (> 0).
         ignore_index: the label of untrained positions.
         chunk_size: positions per chunk of the vocabulary-wide computation (bounds its memory).
+        topk: compare on the teacher's top ``k`` tokens only (None: the whole vocabulary).
     """
 
     def __init__(self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = IGNORE_INDEX,
-                 chunk_size: int = 512, reduction: str = "mean") -> None:
+                 chunk_size: int = 512, reduction: str = "mean", topk: int | None = None) -> None:
         super().__init__(reduction)
+        self.topk = None if topk is None else check_int(topk, "GKDLoss: topk")
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"GKDLoss: beta must be in [0, 1], got {beta!r}.")
         if not temperature > 0:
@@ -43,15 +48,27 @@ class GKDLoss(Loss):
         self.beta, self.temperature, self.ignore_index = float(beta), float(temperature), ignore_index
         self.chunk_size = check_int(chunk_size, "GKDLoss: chunk_size")
 
-    def compute(self, inputs: Mapping[str, Any], outputs: Any, teacher_logits: torch.Tensor | None = None,
-                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def compute(self, inputs: Mapping[str, Any], outputs: Any, teacher_logits: torch.Tensor | None = None, *,
+                teacher_topk_logprobs: torch.Tensor | None = None, teacher_topk_indices: torch.Tensor | None = None,
+                topk: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if kwargs:
-            raise TypeError(f"GKDLoss takes the call option teacher_logits= only, got {sorted(kwargs)}.")
+            raise TypeError(f"GKDLoss takes the call options teacher_logits=, teacher_topk_logprobs=, "
+                            f"teacher_topk_indices= and topk=, got {sorted(kwargs)}.")
         student = output_field(outputs, "logits")
-        teacher = teacher_logits if teacher_logits is not None else _teacher(outputs, inputs)
-        if teacher.shape != student.shape:
-            raise ValueError(f"GKDLoss: teacher logits have shape {tuple(teacher.shape)} but the student's "
-                             f"{tuple(student.shape)}; the teacher must score the same tokens with one vocabulary.")
+        indices = None
+        if teacher_topk_logprobs is not None or teacher_topk_indices is not None:
+            teacher, indices = _topk_teacher(teacher_topk_logprobs, teacher_topk_indices, student)
+        else:
+            teacher = teacher_logits if teacher_logits is not None else _teacher(outputs, inputs)
+            if teacher.shape != student.shape:
+                raise ValueError(f"GKDLoss: teacher logits have shape {tuple(teacher.shape)} but the student's "
+                                 f"{tuple(student.shape)}; the teacher must score the same tokens with one "
+                                 "vocabulary.")
+            k = topk if topk is not None else self.topk
+            if k is not None:
+                teacher, indices = teacher.detach().topk(check_int(k, "GKDLoss: topk"), dim=-1)
+        if indices is not None:  # compare on the teacher's k tokens: the student's logits there
+            student = student.gather(-1, indices.to(student.device).long())
         if "labels" not in inputs:
             raise KeyError("GKDLoss needs 'labels' in the inputs (the positions to distil: -100 elsewhere).")
         labels = torch.as_tensor(inputs["labels"]).to(student.device)
@@ -81,6 +98,22 @@ class GKDLoss(Loss):
 def _kl(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
     """``KL(p || q)`` per row from log-probabilities."""
     return (p_log.exp() * (p_log - q_log)).sum(dim=-1)
+
+
+def _topk_teacher(logprobs: torch.Tensor | None, indices: torch.Tensor | None, student: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    if logprobs is None or indices is None:
+        raise ValueError("GKDLoss: give both teacher_topk_logprobs= and teacher_topk_indices= (rows, T, k).")
+    logprobs, indices = torch.as_tensor(logprobs), torch.as_tensor(indices)
+    if logprobs.shape != indices.shape or logprobs.shape[:-1] != student.shape[:-1]:
+        raise ValueError(f"GKDLoss: teacher_topk_logprobs {tuple(logprobs.shape)} and teacher_topk_indices "
+                         f"{tuple(indices.shape)} must both be (rows, T, k) over the student's "
+                         f"{tuple(student.shape[:-1])} positions.")
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= student.shape[-1]):
+        raise ValueError(f"GKDLoss: teacher_topk_indices must be token ids below the vocabulary size "
+                         f"{student.shape[-1]}.")
+    # log-probabilities shift every logit of a position by one constant, which the renormalisation removes
+    return logprobs.to(student.device), indices
 
 
 def _teacher(outputs: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
