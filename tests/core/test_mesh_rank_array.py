@@ -108,3 +108,16 @@ def test_upstream_only_sizes_are_refused_or_checked(kwargs, message):
 
 def test_dims_constant_is_the_storage_order():
     assert DIMS == ("pp", "dp", "fsdp", "cp", "tp")
+
+
+def test_platform_reads_the_launchers_environment(monkeypatch):
+    for name, value in {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                        "GROUP_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert (Platform.get_rank(), Platform.get_world_size(), Platform.get_local_rank()) == (5, 8, 1)
+    assert (Platform.get_local_world_size(), Platform.get_nnodes(), Platform.get_node_rank()) == (4, 2, 1)
+    assert (Platform.is_master(), Platform.is_local_master(), Platform.is_last_rank()) == (False, False, False)
+    assert Platform.device_prefix() == "cpu" and str(Platform.get_local_device()) == "cpu"
+    monkeypatch.setenv("RANK", "five")
+    with pytest.raises(ValueError, match=r"\$RANK='five' is not an integer"):
+        Platform.get_rank()
