@@ -95,6 +95,6 @@ class MultiLoraTransformersModel(MultiTenantFacade):
                 f"tenants={self.multi_lora.names()}, device={self.device})")
 
 
-# The seed's "MultiLoraTransformersModel inherits TransformersModel": a virtual subclass (isinstance/issubclass
-# hold), composed rather than stacked, as the Megatron pair -- both are facades over one backend.
+# A MultiLoraTransformersModel is a TransformersModel: a virtual subclass (isinstance/issubclass hold),
+# composed rather than stacked, as the Megatron pair -- both are facades over one backend.
 TransformersModel.register(MultiLoraTransformersModel)
