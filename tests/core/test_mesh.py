@@ -30,12 +30,12 @@ def test_coordinates_and_groups_match_enumeration(sizes):
         got = mesh.coords(rank)
         assert {d: got[d] for d in ORDER} == coords
         assert mesh.rank_of(**coords) == rank
-        assert mesh.data_rank(rank) == coords["dp"] * mesh.fsdp_size + coords["fsdp"]
+        assert mesh.data_rank_of(rank) == coords["dp"] * mesh.fsdp_size + coords["fsdp"]
         for dim in ORDER:
             peers = [r for r, c in enumerate(expected) if all(c[d] == coords[d] for d in ORDER if d != dim)]
             assert mesh.group_ranks(dim, rank) == peers
     # every data shard is read by world/data_world ranks, and there are dp*fsdp of them
-    shards = [mesh.data_rank(r) for r in range(mesh.world_size)]
+    shards = [mesh.data_rank_of(r) for r in range(mesh.world_size)]
     assert sorted(set(shards)) == list(range(mesh.data_world_size))
     assert all(shards.count(s) == mesh.world_size // mesh.data_world_size for s in set(shards))
 

@@ -134,6 +134,11 @@ def test_torchrun_two_processes(tmp_path):
     expected = torch.rand(1).item()
     assert all(r["first_random"] == expected for r in reports)
     assert "*1" in reports[1]["placement"] and "world_size=2" in reports[0]["placement"]
+    # the current-rank answers come from the process group, and a rank array round-trips through torch's mesh
+    assert [r["current_dp_rank"] for r in reports] == [0, 1]
+    assert [r["reversed_dp_rank"] for r in reports] == [1, 0]
+    assert [r["reversed_torch_coordinate"] for r in reports] == [[1], [0]]
+    assert all(r["reversed_torch_ranks"] == [1, 0] and r["round_trip_equal"] for r in reports)
 
 
 def test_exit_waits_for_threads_still_running():

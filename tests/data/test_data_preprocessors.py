@@ -47,11 +47,11 @@ def test_alpaca_and_messages_formats():
 
 
 BAD_ROWS = [
-    (SelfCognitionProcessor(), {"response": "r"}, r"needs a 'query' field, but the row has 'response'"),
+    (SelfCognitionProcessor(), {"response": "r"}, r"needs a 'query' field, but the row has no such field"),
     (SelfCognitionProcessor(), {"query": 3, "response": "r"}, r"field 'query' must be a string, got int"),
     (SelfCognitionProcessor(), {"query": "q", "response": "r", "tag": "fr"}, r"'tag' must be 'zh' or 'en'"),
     (AlpacaProcessor(), {"instruction": "i", "output": ""}, r"'output' is empty"),
-    (MessagesProcessor(), {"text": "x"}, r"needs a 'messages' or 'conversations' field, but the row has 'text'"),
+    (MessagesProcessor(), {"text": "x"}, r"'conversations' field, but the row has no such field; it has 'text'"),
     (MessagesProcessor(), {"messages": []}, r"the conversation is empty"),
     (MessagesProcessor(), {"messages": "hello"}, r"'messages' must be a list of turns"),
     (MessagesProcessor(), {"messages": [{"role": "user", "content": "q"}]}, r"no assistant turn"),

@@ -87,7 +87,7 @@ def test_infonce_value_and_lora_training(minilm_dir, tokenize) -> None:
 def test_infonce_with_hard_negatives_and_in_batch_negatives() -> None:
     emb = torch.randn(6, 8)  # 2 groups of (query, positive, negative)
     loss = InfoNCELoss(temperature=0.1, group_size=3)
-    value = loss({}, {"embeddings": emb})
+    value = loss({}, {"embeddings": emb})["loss"]
     e = F.normalize(emb, dim=-1)
     docs = torch.cat([e[1:3], e[4:6]])
     expected = F.cross_entropy(torch.stack([e[0], e[3]]) @ docs.T / 0.1, torch.tensor([0, 2]))

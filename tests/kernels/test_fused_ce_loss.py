@@ -70,7 +70,7 @@ def test_same_loss_grads_and_accuracy_as_cross_entropy_on_logits(kind, make_mode
     assert any("using torch.fused_linear_cross_entropy on cpu (liger.fused_linear_cross_entropy not available"
                in r.getMessage() for r in warnings_log.records)
     mean = loss.__class__(reduction="mean")(batch, fused_ce_outputs(_hidden(model, batch)["last_hidden_state"],
-                                                                    model.lm_head))
+                                                                    model.lm_head))["loss"]
     torch.testing.assert_close(mean, want_total / want_items, rtol=1e-5, atol=1e-6)
 
 
@@ -120,4 +120,4 @@ def test_contract_errors_name_the_task_and_all_ignored_batches_are_zero(make_mod
     ignored = {**batch, "labels": torch.full_like(batch["labels"], -100)}
     total, items = loss.compute(ignored, _hidden(model, batch) | {"lm_head": model.lm_head})
     assert total.item() == 0.0 and int(items) == 0
-    assert loss(ignored, _hidden(model, batch) | {"lm_head": model.lm_head}).item() == 0.0
+    assert loss(ignored, _hidden(model, batch) | {"lm_head": model.lm_head})["loss"].item() == 0.0

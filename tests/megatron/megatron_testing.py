@@ -77,7 +77,7 @@ def hf_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     from twinkle.loss import CrossEntropyLoss
 
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return CrossEntropyLoss()(batch, {"logits": logits})
+    return CrossEntropyLoss()(batch, {"logits": logits})["loss"]
 
 
 def megatron_model(directory: Path | str, **kwargs: Any) -> Any:

@@ -13,6 +13,10 @@ from twinkle import DeviceMesh
 out_dir = sys.argv[1]
 runtime = twinkle.initialize(global_device_mesh=DeviceMesh.from_sizes(dp_size=2), seed=1234)
 torch_mesh = runtime.device_mesh.to_torch()
+# a rank array in reverse order, through torch and back: its dp coordinates are the ranks reversed
+reversed_mesh = DeviceMesh(mesh=[1, 0], mesh_dim_names=("dp",), device_type="cpu")
+torch_reversed = reversed_mesh.to_torch_device_mesh()
+back = DeviceMesh.from_torch(torch_reversed)
 value = torch.tensor([float(runtime.rank + 1)])
 dist.all_reduce(value)
 report = {
@@ -25,6 +29,11 @@ report = {
     "all_reduce": value.item(),
     "first_random": torch.rand(1).item(),
     "placement": twinkle.get_device_placement(),
+    "current_dp_rank": runtime.device_mesh.dp_rank,
+    "reversed_dp_rank": reversed_mesh.dp_rank,
+    "reversed_torch_coordinate": torch_reversed.get_coordinate(),
+    "reversed_torch_ranks": torch_reversed.mesh.tolist(),
+    "round_trip_equal": back == reversed_mesh and back.mesh.tolist() == [1, 0],
 }
 with open(os.path.join(out_dir, f"rank{runtime.rank}.json"), "w") as f:
     json.dump(report, f)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from twinkle.log import get_logger
 from twinkle.mesh import DeviceGroup, DeviceMesh
 from twinkle.placement import get_device_placement
+from twinkle.platform import Platform
 from twinkle.remote import remote_class, remote_function
 from twinkle.runtime import get_device_mesh, get_runtime, initialize, shutdown
 from twinkle.types import InputFeature, ModelOutput
@@ -18,6 +19,7 @@ __all__ = [
     "DeviceMesh",
     "InputFeature",
     "ModelOutput",
+    "Platform",
     "__version__",
     "get_device_mesh",
     "get_device_placement",

@@ -33,12 +33,14 @@ _RL_LOSSES = {
     "cross_entropy": "TokenCrossEntropy", "importance_sampling": "ImportanceSamplingLoss", "ppo": "PPOLoss",
     "cispo": "CISPOLoss", "dro": "DROLoss", "gspo": "GSPOLoss", "grpo": "GRPOLoss", "dr_grpo": "DrGRPOLoss",
     "bnpo": "BNPOLoss", "dpo": "DPOLoss", "ipo": "IPOLoss", "simpo": "SimPOLoss", "orpo": "ORPOLoss",
+    "sapo": "SAPOLoss", "cpo": "CPOLoss",
 }
 
 
 @hookimpl
 def register_losses():
-    specs = {"CrossEntropyLoss": "twinkle.loss:CrossEntropyLoss", "InfoNCELoss": "twinkle.loss:InfoNCELoss"}
+    specs = {name: f"twinkle.loss:{name}" for name in ("CrossEntropyLoss", "InfoNCELoss", "ChunkedCrossEntropyLoss",
+                                                      "MSELoss", "GKDLoss")}
     specs.update({name: f"twinkle.loss:{cls}" for name, cls in _RL_LOSSES.items()})
     return specs
 
@@ -70,7 +72,8 @@ def register_templates():
         for module, name in (
             ("base", "Template"), ("chatml", "ChatMLTemplate"), ("qwen", "Qwen2_5Template"),
             ("qwen", "Qwen3Template"), ("qwen", "Qwen3_5Template"), ("llama", "Llama3Template"),
-            ("deepseek", "DeepSeekR1Template"), ("deepseek", "DeepSeekV4Template"), ("others", "MistralTemplate"),
+            ("deepseek", "DeepSeekR1Template"), ("deepseek", "DeepSeekV4Template"),
+            ("deepseek_v4", "DeepseekV4Template"), ("others", "MistralTemplate"),
             ("others", "YiTemplate"), ("others", "GLM4Template"), ("others", "InternLM2Template"),
             ("vl", "VLTemplate"), ("vl", "Qwen2VLTemplate"), ("vl", "Qwen2_5VLTemplate"), ("vl", "Qwen3VLTemplate"),
             ("vl", "Qwen3_5VLTemplate"), ("internvl", "InternVL2_5Template"),

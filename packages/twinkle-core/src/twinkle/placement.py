@@ -30,7 +30,7 @@ def get_device_placement(runtime: Runtime | None = None) -> str:
         coords = mesh.coords(rank)
         mark = "*" if rank == rt.rank else " "
         rows.append([f"{mark}{rank}", _device_label(rt, rank), *(str(coords[d]) for d in (*DIMS, "ep")),
-                     str(mesh.data_rank(rank))])
+                     str(mesh.data_rank_of(rank))])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
     lines = [header, "  ".join(c.rjust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]

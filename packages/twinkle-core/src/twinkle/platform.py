@@ -60,6 +60,87 @@ class Platform:
         """The device of tensors handed to collectives (``twinkle.collective``): this process's device."""
         return cls.device(int(os.environ.get("LOCAL_RANK", "0") or 0))
 
+    # ------------------------------------------------ this process's place (upstream Twinkle's Platform API)
+    # Static so ``patch.object(Platform, 'get_rank', ...)`` on the base reaches every caller, as upstream.
+    @staticmethod
+    def get_rank() -> int:
+        """This process's global rank: the process group's once initialised, else ``$RANK``, else 0."""
+        import sys
+
+        dist = sys.modules.get("torch.distributed")  # torch not imported means no process group
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+        return _env_int("RANK", 0)
+
+    @staticmethod
+    def get_world_size() -> int:
+        """How many processes the job has: the process group's, else ``$WORLD_SIZE``, else 1."""
+        import sys
+
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+        return _env_int("WORLD_SIZE", 1)
+
+    @staticmethod
+    def get_local_rank() -> int:
+        """This process's rank on its node (``$LOCAL_RANK``, else 0)."""
+        return _env_int("LOCAL_RANK", 0)
+
+    @staticmethod
+    def get_local_world_size() -> int:
+        """Processes on this node (``$LOCAL_WORLD_SIZE``, else 1)."""
+        return _env_int("LOCAL_WORLD_SIZE", 1)
+
+    @staticmethod
+    def get_nnodes() -> int:
+        """Nodes of the job: world size over the processes per node."""
+        return max(1, Platform.get_world_size() // max(1, Platform.get_local_world_size()))
+
+    @staticmethod
+    def get_node_rank() -> int:
+        """This node's index (``$GROUP_RANK`` as torchrun sets it, else ``$NODE_RANK``, else 0)."""
+        return _env_int("GROUP_RANK", _env_int("NODE_RANK", 0))
+
+    @staticmethod
+    def is_master() -> bool:
+        """Whether this is global rank 0."""
+        return Platform.get_rank() == 0
+
+    @staticmethod
+    def is_local_master() -> bool:
+        """Whether this is the first process of its node."""
+        return Platform.get_local_rank() == 0
+
+    @staticmethod
+    def is_last_rank() -> bool:
+        """Whether this is the last global rank."""
+        return Platform.get_rank() == Platform.get_world_size() - 1
+
+    @staticmethod
+    def device_prefix(platform: str | None = None) -> str:
+        """The torch device type (``'cpu'``, ``'cuda'``, ``'npu'``) of ``platform`` or of the detected one."""
+        return detect_platform(platform).device_type
+
+    @staticmethod
+    def get_platform(platform: str | None = None) -> type[Platform]:
+        """The platform class named ``platform``, or the detected one (see :func:`detect_platform`)."""
+        return detect_platform(platform)
+
+    @staticmethod
+    def get_local_device(idx: int | None = None, *, platform: str | None = None):
+        """The device of local index ``idx`` (default: this process's ``LOCAL_RANK``) on the platform."""
+        found = detect_platform(platform)
+        return found.device(Platform.get_local_rank() if idx is None else idx)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value.strip() else default
+    except ValueError:
+        raise ValueError(f"${name}={value!r} is not an integer; the launcher sets it to a process index.") from None
+
 
 class CPUPlatform(Platform):
     name = "cpu"

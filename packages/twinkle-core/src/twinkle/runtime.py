@@ -39,7 +39,7 @@ class Runtime:
 
     @property
     def data_rank(self) -> int:
-        return self.device_mesh.data_rank(self.rank)
+        return self.device_mesh.data_rank_of(self.rank)
 
     def group(self, name: str) -> DeviceGroup:
         if name not in self.groups:

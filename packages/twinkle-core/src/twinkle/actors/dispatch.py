@@ -96,7 +96,7 @@ def plan_calls(
     split_kwargs = {k: split(v, parts, f"{what} argument {k!r}") for k, v in kwargs.items()}
     plan = []
     for r in ranks:
-        shard = r if dispatch == "slice" else mesh.data_rank(r)
+        shard = r if dispatch == "slice" else mesh.data_rank_of(r)
         plan.append((r, shard, tuple(a[shard] for a in split_args), {k: v[shard] for k, v in split_kwargs.items()}))
     return plan
 

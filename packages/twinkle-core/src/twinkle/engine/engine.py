@@ -168,6 +168,8 @@ class Engine:
             total, items = loss_fn.compute(inputs, outputs, **kwargs)
         else:
             total, items = loss_fn(inputs, outputs, **kwargs), 1
+            if isinstance(total, Mapping) and "loss" in total:  # upstream's LossOutput: the batch's loss
+                total = total["loss"]
         if not isinstance(total, torch.Tensor) or total.numel() != 1:
             raise TypeError(f"The loss {type(loss_fn).__name__} of group {group.name!r} returned "
                             f"{type(total).__name__}; a loss must return a scalar tensor.")

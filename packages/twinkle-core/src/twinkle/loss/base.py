@@ -18,7 +18,8 @@ class Loss(ABC):
 
     Subclasses implement :meth:`compute`, returning ``(sum of item losses, number of items)``;
     an item is whatever the mean averages over (a trained token for cross-entropy, a query for
-    InfoNCE). ``loss(inputs, outputs)`` then returns the sum or the mean per ``reduction``.
+    InfoNCE). ``loss(inputs, outputs)`` then returns upstream Twinkle's :class:`LossOutput`:
+    ``{'loss': the sum or the mean per reduction, 'num_tokens': the item count}``.
     ``inputs`` is the collated batch (:class:`twinkle.types.InputFeature`), ``outputs`` the forward's
     result (:class:`twinkle.types.ModelOutput`). A plain function ``fn(inputs, outputs) -> tensor``
     works with ``set_loss`` too; it returns the batch's mean.
@@ -44,11 +45,23 @@ class Loss(ABC):
         The count may be an int or a 0-dim tensor; a tensor avoids a device-to-host sync.
         """
 
-    def __call__(self, inputs: InputFeature, outputs: ModelOutput, **kwargs: Any) -> torch.Tensor:
+    def __call__(self, inputs: InputFeature, outputs: ModelOutput, **kwargs: Any) -> LossOutput:
+        """The batch's loss as upstream Twinkle's losses return it (a model calls :meth:`compute` instead).
+
+        Returns:
+            ``{'loss': 0-dim tensor (sum or mean per reduction), 'num_tokens': the item count as a tensor}``.
+        """
         total, items = self.compute(inputs, outputs, **kwargs)
-        if self.reduction == "sum":
-            return total
-        return total / (items.clamp(min=1) if isinstance(items, torch.Tensor) else max(items, 1))
+        count = items if isinstance(items, torch.Tensor) else torch.tensor(items, device=total.device)
+        value = total if self.reduction == "sum" else total / count.clamp(min=1)
+        return LossOutput(loss=value, num_tokens=count)
+
+
+class LossOutput(dict):
+    """What calling a :class:`Loss` returns: ``loss`` (the reduced value) and ``num_tokens`` (its item count).
+
+    A plain dict (upstream Twinkle's ``LossOutput`` keys); read ``out['loss']``.
+    """
 
 
 def output_field(outputs: Any, name: str) -> Any:

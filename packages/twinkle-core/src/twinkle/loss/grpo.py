@@ -30,21 +30,47 @@ from typing import Any
 import torch
 
 from twinkle.loss.base import Loss
-from twinkle.loss.policy import _ratio_bounds, clipped_surrogate
-from twinkle.loss.token_inputs import TokenOutputs, TokenView, loss_inputs
+from twinkle.loss.policy import _ratio_bounds, clipped_surrogate, epsilon_bounds
+from twinkle.loss.token_inputs import TokenOutputs, TokenView, loss_inputs, token_entropies
 
 NORMALIZATIONS = ("sequence", "token", "constant")
 
 
 class GRPOLoss(Loss):
-    """Clipped surrogate + optional KL, normalised per ``normalization`` (see the module docstring)."""
+    """Clipped surrogate + optional KL, normalised per ``normalization`` (see the module docstring).
+
+    Args:
+        clip_low_threshold, clip_high_threshold: the ratio's clip bounds (Tinker's names).
+        beta: the KL coefficient (0: no reference forward).
+        max_tokens: the generation budget (``dr_grpo`` only; upstream's ``max_completion_length``).
+        entropy_coef: subtracts this times each token's policy entropy (an exploration bonus): from
+            ``outputs['entropies']`` (aligned like ``logps``) or computed from the logits.
+        epsilon, epsilon_high: upstream Twinkle's bounds ``1 - epsilon`` and ``1 + epsilon_high`` (default
+            ``epsilon``); given, they replace the thresholds. ``clip_range`` is another name of ``epsilon``.
+
+    A call may pass upstream's per-call fields ``advantages=``, ``old_logps=``, ``ref_logps=`` (per token or
+    per sequence; see :func:`twinkle.loss.token_inputs.with_call_options`). Without the sampler's
+    ``logprobs`` the update is taken as on-policy, as upstream takes it: the ratio is 1 (its gradient kept).
+    """
 
     name = "grpo"
     normalization = "sequence"
 
     def __init__(self, clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2, beta: float = 0.0,
-                 max_tokens: int | None = None) -> None:
+                 max_tokens: int | None = None, *, epsilon: float | None = None,
+                 epsilon_high: float | None = None, clip_range: float | None = None,
+                 max_completion_length: int | None = None, entropy_coef: float = 0.0) -> None:
         super().__init__("mean")
+        if not entropy_coef >= 0:
+            raise ValueError(f"{self.name}: entropy_coef must be >= 0, got {entropy_coef!r}.")
+        self.entropy_coef = float(entropy_coef)
+        if max_completion_length is not None:  # upstream's name of the generation budget
+            if max_tokens is not None and max_tokens != max_completion_length:
+                raise ValueError(f"{self.name}: max_tokens={max_tokens!r} and max_completion_length="
+                                 f"{max_completion_length!r} name the same budget; give one.")
+            max_tokens = max_completion_length
+        clip_low_threshold, clip_high_threshold = epsilon_bounds(epsilon, epsilon_high, clip_low_threshold,
+                                                                 clip_high_threshold, self.name, clip_range)
         self.low, self.high = _ratio_bounds(clip_low_threshold, clip_high_threshold, self.name)
         if not beta >= 0:
             raise ValueError(f"{self.name}: beta (the KL coefficient) must be >= 0, got {beta!r}.")
@@ -65,13 +91,21 @@ class GRPOLoss(Loss):
         return torch.exp(view.log_ratio(logprobs))
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-        view, logprobs, _ = loss_inputs(inputs, outputs, self.name, kwargs)
-        per_token = clipped_surrogate(self.ratio(logprobs, view), view.field("advantages"), self.low, self.high)
+        view, logprobs, logits = loss_inputs(inputs, outputs, self.name, kwargs)
+        if "logprobs" not in view.fields:  # on-policy (one update per rollout, as upstream): the ratio is 1
+            view.fields["logprobs"] = logprobs.detach()
+        per_token = self.surrogate(self.ratio(logprobs, view), view.field("advantages"))
         if self.beta > 0:
             delta = -view.log_ratio(logprobs, "ref_logprobs")
             per_token = per_token + self.beta * (torch.exp(delta) - delta - 1)
+        if self.entropy_coef > 0:
+            per_token = per_token - self.entropy_coef * token_entropies(outputs, logits, view, self.name)
         self.last_outputs = TokenOutputs({"logprobs": logprobs.detach()}, view.segments)
         return self._normalise(per_token * view.weights, view)
+
+    def surrogate(self, ratio: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+        """The per-token policy loss before the KL term: PPO's clipped surrogate."""
+        return clipped_surrogate(ratio, advantages, self.low, self.high)
 
     def _normalise(self, weighted: torch.Tensor, view: TokenView) -> tuple[torch.Tensor, Any]:
         if self.normalization == "token":
@@ -104,8 +138,10 @@ class GSPOLoss(GRPOLoss):
     name = "gspo"
 
     def __init__(self, clip_low_threshold: float = 1 - 3e-4, clip_high_threshold: float = 1 + 4e-4,
-                 beta: float = 0.0) -> None:
-        super().__init__(clip_low_threshold, clip_high_threshold, beta)
+                 beta: float = 0.0, *, epsilon: float | None = None, epsilon_high: float | None = None,
+                 clip_range: float | None = None) -> None:
+        super().__init__(clip_low_threshold, clip_high_threshold, beta, epsilon=epsilon, epsilon_high=epsilon_high,
+                         clip_range=clip_range)
 
     def ratio(self, logprobs: torch.Tensor, view: TokenView) -> torch.Tensor:
         weights = view.weights
@@ -113,3 +149,35 @@ class GSPOLoss(GRPOLoss):
             view.per_sequence(weights).clamp(min=1e-12)
         per_position = log_ratio.detach()[view.segments.clamp(min=0)]
         return torch.exp(per_position + logprobs - logprobs.detach())
+
+
+class SAPOLoss(GRPOLoss):
+    """``sapo`` (Gao et al. 2025, Soft Adaptive Policy Optimization): a soft gate instead of the clip.
+
+    Per token ``-f(r) A`` with ``f(r) = 4 / tau * sigmoid(tau (r - 1))``, ``tau = tau_pos`` where ``A > 0``
+    and ``tau_neg`` elsewhere. Its slope at ``r = 1`` is 1, so the on-policy gradient is GRPO's; away from 1
+    the gradient fades smoothly instead of dropping to 0 at a clip bound. Normalised like ``grpo``;
+    ``beta`` adds the same KL term.
+
+    Args:
+        tau_pos, tau_neg: the gate's temperatures for positive and negative advantages (> 0).
+        beta: the KL coefficient.
+        tau: sets both temperatures (upstream's documented name).
+        epsilon, clip_range: accepted for upstream's signature; the soft gate has no clip bounds.
+    """
+
+    name = "sapo"
+
+    def __init__(self, tau_pos: float = 1.0, tau_neg: float = 1.0, beta: float = 0.0, *, tau: float | None = None,
+                 epsilon: float | None = None, clip_range: float | None = None) -> None:
+        super().__init__(beta=beta, epsilon=epsilon, clip_range=clip_range)
+        if tau is not None:
+            tau_pos = tau_neg = tau
+        for label, tau in (("tau_pos", tau_pos), ("tau_neg", tau_neg)):
+            if not tau > 0:
+                raise ValueError(f"sapo: {label} must be > 0, got {tau!r}.")
+        self.tau_pos, self.tau_neg = float(tau_pos), float(tau_neg)
+
+    def surrogate(self, ratio: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+        tau = torch.where(advantages > 0, torch.full_like(ratio, self.tau_pos), torch.full_like(ratio, self.tau_neg))
+        return -torch.sigmoid(tau * (ratio - 1)) * (4 / tau) * advantages

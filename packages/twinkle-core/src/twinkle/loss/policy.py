@@ -70,6 +70,25 @@ def _ratio_bounds(clip_low_threshold: float, clip_high_threshold: float, name: s
     return low, high
 
 
+def epsilon_bounds(epsilon: float | None, epsilon_high: float | None, low: float, high: float, name: str,
+                   clip_range: float | None = None) -> tuple[float, float]:
+    """Ratio bounds from upstream Twinkle's ``epsilon``/``epsilon_high`` (``1 - eps``, ``1 + eps_high``), or as given.
+
+    ``clip_range`` is the name upstream's documentation gives ``epsilon``.
+    """
+    if clip_range is not None:
+        if epsilon is not None and epsilon != clip_range:
+            raise ValueError(f"{name}: clip_range={clip_range!r} and epsilon={epsilon!r} name the same bound; "
+                             "give one.")
+        epsilon = clip_range
+    if epsilon is None:
+        if epsilon_high is not None:
+            raise ValueError(f"{name}: epsilon_high= needs epsilon= too (or give clip_high_threshold=).")
+        return low, high
+    high_eps = epsilon if epsilon_high is None else epsilon_high
+    return 1 - float(epsilon), 1 + float(high_eps)
+
+
 class TokenCrossEntropy(TokenSumLoss):
     """Tinker's ``cross_entropy``: ``-sum_t w_t log p(target_t)``."""
 
@@ -94,9 +113,12 @@ class PPOLoss(TokenSumLoss):
     name = "ppo"
 
     def __init__(self, clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2,
-                 reduction: str = "sum") -> None:
+                 reduction: str = "sum", *, epsilon: float | None = None, epsilon_high: float | None = None,
+                 clip_range: float | None = None) -> None:
         super().__init__(reduction)
-        self.low, self.high = _ratio_bounds(clip_low_threshold, clip_high_threshold, self.name)
+        low, high = epsilon_bounds(epsilon, epsilon_high, clip_low_threshold, clip_high_threshold, self.name,
+                                   clip_range)
+        self.low, self.high = _ratio_bounds(low, high, self.name)
 
     def token_loss(self, logprobs: torch.Tensor, view: TokenView) -> torch.Tensor:
         return clipped_surrogate(torch.exp(view.log_ratio(logprobs)), view.field("advantages"), self.low, self.high)

@@ -74,6 +74,8 @@ class PreferenceLoss(Loss):
                              "Template.encode_preference and keep each pair in one batch.")
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        given_ref = _given_pair_refs(kwargs.pop("ref_chosen_logps", None), kwargs.pop("ref_rejected_logps", None),
+                                     self.name)
         view, logprobs, _ = loss_inputs(inputs, outputs, self.name, kwargs)
         trained = view.trained_sequences()
         count = trained.sum()  # that it is even and not 0 was checked on the host, by check_batch in collation
@@ -88,8 +90,12 @@ class PreferenceLoss(Loss):
             return F.pad(out, (0, len(out) % 2), value=fill)  # whole pairs
 
         pi = view.per_sequence(torch.where(view.weights != 0, logprobs, torch.zeros_like(logprobs)) * view.weights)
-        ref = packed(view.per_sequence(view.field("ref_logprobs") * view.weights), -1.0) \
-            if self.uses_reference else None
+        if not self.uses_reference:
+            ref = None
+        elif given_ref is not None:  # sequence sums in pair order already: the packed order
+            ref = _pad_refs(given_ref, int(count), len(packed(pi, -1.0)), self.name).to(pi)
+        else:
+            ref = packed(view.per_sequence(view.field("ref_logprobs") * view.weights), -1.0)
         losses, rewards = self.pair_loss(packed(pi, -1.0), ref, packed(view.per_sequence(view.weights), 1.0))
         pairs = count // 2
         losses = torch.where(torch.arange(len(losses), device=losses.device) < pairs, losses, torch.zeros_like(losses))
@@ -103,25 +109,93 @@ def _pairs(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values[0::2], values[1::2]
 
 
+def _given_pair_refs(chosen: Any, rejected: Any, name: str) -> torch.Tensor | None:
+    """Upstream's ``ref_chosen_logps``/``ref_rejected_logps`` (one reference sequence sum per pair), interleaved."""
+    if chosen is None and rejected is None:
+        return None
+    if chosen is None or rejected is None:
+        raise ValueError(f"The {name} loss: give both ref_chosen_logps= and ref_rejected_logps=, or neither.")
+    chosen, rejected = torch.as_tensor(chosen).reshape(-1), torch.as_tensor(rejected).reshape(-1)
+    if chosen.shape != rejected.shape:
+        raise ValueError(f"The {name} loss: ref_chosen_logps has {chosen.numel()} values but ref_rejected_logps "
+                         f"{rejected.numel()}; give one per pair.")
+    return torch.stack([chosen, rejected], dim=1).reshape(-1)
+
+
+def _pad_refs(refs: torch.Tensor, count: int, length: int, name: str) -> torch.Tensor:
+    if refs.numel() != count:
+        raise ValueError(f"The {name} loss: {refs.numel() // 2} reference pairs given for {count // 2} pairs in the "
+                         "batch.")
+    return torch.cat([refs.float(), refs.new_full((length - count,), -1.0, dtype=torch.float32)])
+
+
+def chosen_answer_nll(pi: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Each pair's chosen answer's mean NLL over its trained tokens (the SFT term of CPO, ORPO, DPO's sft_weight)."""
+    return -_pairs(pi / lengths)[0]
+
+
+#: DPO's pair losses by upstream Twinkle's / TRL's ``loss_type`` names
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo")
+
+
 class DPOLoss(PreferenceLoss):
-    """``dpo``: the sigmoid loss of Rafailov et al. 2023 (``label_smoothing`` e: the conservative cDPO form)."""
+    """``dpo``: the sigmoid loss of Rafailov et al. 2023 (``label_smoothing`` e: the conservative cDPO form).
+
+    Args:
+        beta: the temperature of the implicit reward.
+        label_smoothing: cDPO's assumed label noise, in [0, 0.5) (``loss_type='sigmoid'`` only).
+        loss_type: ``'sigmoid'`` (DPO), ``'hinge'`` (SLiC: ``relu(1 - z)``) or ``'ipo'`` (``(h - 1 / (2 beta))^2``
+            on the summed log-ratios, :class:`IPOLoss`).
+        reference_free: compare the policy's log-probabilities with 0 instead of a reference's (no reference
+            forward).
+        sft_weight: adds this times the chosen answer's mean NLL to each pair.
+
+    A call may give the reference as upstream does: ``ref_logps=`` per token, or ``ref_chosen_logps=`` and
+    ``ref_rejected_logps=`` (each pair's reference sequence sum).
+    """
 
     name = "dpo"
     uses_reference = True
 
-    def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0) -> None:
+    def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0, *, loss_type: str = "sigmoid",
+                 reference_free: bool = False, sft_weight: float = 0.0) -> None:
         super().__init__(beta)
+        if loss_type == "kto_pair":
+            raise ValueError("dpo: loss_type='kto_pair' is not supported: its KL baseline is a mean over the batch, "
+                             "so the loss of a batch would differ from the sum of its micro-batches'. Use "
+                             f"one of {', '.join(DPO_LOSS_TYPES)}.")
+        if loss_type not in DPO_LOSS_TYPES:
+            raise ValueError(f"dpo: Unknown loss_type {loss_type!r}; one of {', '.join(DPO_LOSS_TYPES)}.")
         if not 0 <= label_smoothing < 0.5:
             raise ValueError(f"dpo: label_smoothing must be in [0, 0.5), got {label_smoothing!r}.")
+        if label_smoothing and loss_type != "sigmoid":
+            raise ValueError(f"dpo: label_smoothing={label_smoothing!r} applies to loss_type='sigmoid' only, not "
+                             f"{loss_type!r}.")
+        if not sft_weight >= 0:
+            raise ValueError(f"dpo: sft_weight must be >= 0, got {sft_weight!r}.")
         self.label_smoothing = float(label_smoothing)
+        self.loss_type = loss_type
+        self.reference_free = bool(reference_free)
+        self.uses_reference = not self.reference_free
+        self.sft_weight = float(sft_weight)
 
-    def pair_loss(self, pi: torch.Tensor, ref: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                            torch.Tensor]:
-        rewards = self.beta * (pi - ref)
+    def pair_loss(self, pi: torch.Tensor, ref: torch.Tensor | None, lengths: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                   torch.Tensor]:
+        ratio = pi if ref is None else pi - ref
+        rewards = self.beta * ratio
         chosen, rejected = _pairs(rewards)
         z = chosen - rejected
-        e = self.label_smoothing
-        return -(1 - e) * F.logsigmoid(z) - e * F.logsigmoid(-z), rewards
+        if self.loss_type == "hinge":
+            losses = torch.relu(1 - z)
+        elif self.loss_type == "ipo":
+            margin = _pairs(ratio)
+            losses = (margin[0] - margin[1] - 1 / (2 * self.beta)) ** 2
+        else:
+            e = self.label_smoothing
+            losses = -(1 - e) * F.logsigmoid(z) - e * F.logsigmoid(-z)
+        if self.sft_weight:
+            losses = losses + self.sft_weight * chosen_answer_nll(pi, lengths)
+        return losses, rewards
 
 
 class IPOLoss(PreferenceLoss):
@@ -153,7 +227,7 @@ class SimPOLoss(PreferenceLoss):
 
     name = "simpo"
 
-    def __init__(self, beta: float = 2.0, gamma: float = 0.5) -> None:
+    def __init__(self, beta: float = 2.5, gamma: float = 0.5) -> None:  # upstream Twinkle's default beta
         super().__init__(beta)
         self.gamma = float(gamma)
 
@@ -181,8 +255,8 @@ class ORPOLoss(PreferenceLoss):
 
     name = "orpo"
 
-    def __init__(self, beta: float = 0.1, nll: str = "answer_mean") -> None:
-        super().__init__(beta)
+    def __init__(self, beta: float = 0.1, nll: str = "answer_mean", *, lambda_orpo: float | None = None) -> None:
+        super().__init__(beta if lambda_orpo is None else lambda_orpo)  # upstream's name of beta
         if nll not in ORPO_NLL:
             raise ValueError(f"orpo: nll={nll!r} is not one of {', '.join(ORPO_NLL)}.")
         self.nll = nll
@@ -195,8 +269,7 @@ class ORPOLoss(PreferenceLoss):
         odds_loss = -self.beta * F.logsigmoid(chosen_odds - rejected_odds)
         if self.nll == "token_mean":
             return odds_loss, self.beta * mean_logp  # the NLL is added over tokens in compute()
-        chosen_mean, _ = _pairs(mean_logp)
-        return -chosen_mean + odds_loss, self.beta * mean_logp
+        return chosen_answer_nll(pi, lengths) + odds_loss, self.beta * mean_logp
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
         total, pairs = super().compute(inputs, outputs, **kwargs)
@@ -225,3 +298,28 @@ class ORPOLoss(PreferenceLoss):
         logprobs = gather_logprobs(logits, torch.where(mask, targets, torch.zeros_like(targets)))
         picked = torch.where(mask, logprobs, torch.zeros_like(logprobs))
         return -picked.sum() / mask.sum().clamp(min=1)
+
+
+class CPOLoss(PreferenceLoss):
+    """``cpo`` (Xu et al. 2024, Contrastive Preference Optimization): DPO without a reference, plus an NLL term.
+
+    Per pair ``-log sigma(beta (pi_w - pi_l)) + bc_coef * NLL_w``, with ``NLL_w`` the chosen answer's mean
+    NLL over its trained tokens (the behaviour-cloning regulariser).
+
+    Args:
+        beta: the temperature of the log-probability margin.
+        bc_coef: the weight of the chosen answer's NLL.
+    """
+
+    name = "cpo"
+
+    def __init__(self, beta: float = 0.1, bc_coef: float = 1.0) -> None:
+        super().__init__(beta)
+        if not bc_coef >= 0:
+            raise ValueError(f"cpo: bc_coef must be >= 0, got {bc_coef!r}.")
+        self.bc_coef = float(bc_coef)
+
+    def pair_loss(self, pi: torch.Tensor, ref: None, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rewards = self.beta * pi
+        chosen, rejected = _pairs(rewards)
+        return -F.logsigmoid(chosen - rejected) + self.bc_coef * chosen_answer_nll(pi, lengths), rewards

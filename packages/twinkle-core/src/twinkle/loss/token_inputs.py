@@ -200,20 +200,92 @@ class TokenOutputs:
         return samples
 
 
+#: upstream Twinkle's per-call names of the per-token fields: ``loss(inputs, outputs, advantages=...)``
+CALL_OPTIONS = {"advantages": "advantages", "old_logps": "logprobs", "ref_logps": "ref_logprobs"}
+
+
+def with_call_options(inputs: Mapping[str, Any], options: Mapping[str, Any], loss_name: str) -> Mapping[str, Any]:
+    """``inputs`` with the per-call fields of ``options`` (see :data:`CALL_OPTIONS`) added, others refused.
+
+    A value is per token (the shape of the batch's tokens, aligned as its other per-token fields are) or
+    per sequence (one value per sequence of the batch, in batch order), spread over the sequence's tokens.
+    """
+    unknown = sorted(set(options) - set(CALL_OPTIONS))
+    if unknown:
+        raise TypeError(f"The {loss_name} loss takes no call options {unknown} (it takes "
+                        f"{', '.join(CALL_OPTIONS)}); set the others when building the loss "
+                        "(set_loss(name, **options)).")
+    if not options:
+        return inputs
+    tokens = next((inputs[k] for k in ("input_ids", "labels", "target_tokens") if k in inputs), None)
+    if tokens is None:
+        raise KeyError(f"The {loss_name} loss needs 'input_ids', 'labels' or 'target_tokens' in the inputs.")
+    shape = tuple(torch.as_tensor(tokens).shape)
+    merged = dict(inputs)
+    for option, value in options.items():
+        if value is None:
+            continue
+        tensor = torch.as_tensor(value, dtype=torch.float32) if not isinstance(value, torch.Tensor) else value
+        if tuple(tensor.shape) != shape:
+            tensor = _per_sequence(tensor, inputs, shape, option, loss_name)
+        merged[CALL_OPTIONS[option]] = tensor
+    return merged
+
+
+def _per_sequence(values: torch.Tensor, inputs: Mapping[str, Any], shape: tuple[int, ...], option: str,
+                  loss_name: str) -> torch.Tensor:
+    segments = segment_ids(inputs, torch.Size(shape), values.device)
+    count = int(segments.max()) + 1 if segments.numel() else 0
+    if values.dim() == 2 and values.shape[-1] == 1:  # a (sequences, 1) column, as upstream's examples build it
+        values = values.reshape(-1)
+    if values.dim() != 1 or values.numel() != count:
+        raise ValueError(f"The {loss_name} loss: {option}= has shape {tuple(values.shape)}; give one value per token "
+                         f"{shape} or one per sequence ({count} in this batch).")
+    spread = values.to(torch.float32)[segments.clamp(min=0)]
+    return torch.where(segments >= 0, spread, torch.zeros_like(spread))
+
+
 def loss_inputs(inputs: Mapping[str, Any], outputs: Any, loss_name: str,
-                options: Mapping[str, Any]) -> tuple[TokenView, torch.Tensor, torch.Tensor]:
+                options: Mapping[str, Any]) -> tuple[TokenView, torch.Tensor, torch.Tensor | None]:
     """What every RL/preference ``compute`` starts with: (view, target log-probabilities, logits).
 
-    ``options`` are the call's keyword arguments; these losses take theirs at construction.
+    ``options`` are the call's keyword arguments: upstream Twinkle's per-call fields
+    (:data:`CALL_OPTIONS`); the losses take their other settings at construction.
     """
-    if options:
-        raise TypeError(f"The {loss_name} loss takes no call options, got {sorted(options)}; set them when building "
-                        "the loss (set_loss(name, **options)).")
     from twinkle.loss.base import output_field
 
+    inputs = with_call_options(inputs, options, loss_name)
+    logps = _output_logps(outputs)
+    if logps is not None:  # the forward gave the targets' log-probabilities, aligned like the inputs' fields
+        dtype = torch.float64 if logps.dtype == torch.float64 else torch.float32
+        view = inputs_view(inputs, logps.shape, logps.device, dtype, loss_name)
+        return view, _shift(logps.to(dtype), 0.0) if view.labels_layout else logps.to(dtype), None
     logits = output_field(outputs, "logits")
     view = token_view(inputs, logits, loss_name)
     return view, view.logprobs(logits), logits
+
+
+def token_entropies(outputs: Any, logits: torch.Tensor | None, view: TokenView, loss_name: str) -> torch.Tensor:
+    """Each position's policy entropy in the view's alignment: ``outputs['entropies']``, else from the logits."""
+    get = outputs.get if isinstance(outputs, Mapping) else lambda name: getattr(outputs, name, None)
+    given = get("entropies")
+    if isinstance(given, torch.Tensor):
+        values = given.to(view.weights)
+        if values.shape != view.weights.shape:
+            raise ValueError(f"The {loss_name} loss: outputs['entropies'] has shape {tuple(values.shape)}, expected "
+                             f"{tuple(view.weights.shape)} (one per position).")
+        return _shift(values, 0.0) if view.labels_layout else values
+    if logits is None:
+        raise KeyError(f"The {loss_name} loss with entropy_coef > 0 needs outputs['entropies'] or the logits.")
+    logp = torch.log_softmax(logits.to(view.weights.dtype), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def _output_logps(outputs: Any) -> torch.Tensor | None:
+    """``outputs['logps']`` when the outputs carry per-token log-probabilities and no logits, else None."""
+    get = outputs.get if isinstance(outputs, Mapping) else lambda name: getattr(outputs, name, None)
+    logps = get("logps")
+    return logps if isinstance(logps, torch.Tensor) and get("logits") is None and logps.dim() == 2 else None
 
 
 def reference_logprobs(inputs: Mapping[str, Any], logits: torch.Tensor) -> torch.Tensor:

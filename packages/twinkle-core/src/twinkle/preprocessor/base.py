@@ -9,6 +9,20 @@ from typing import Any
 from twinkle.dataset.errors import DataError
 
 
+def missing_fields(row: Mapping[str, Any], *names: str) -> str:
+    """Why ``row`` lacks ``names``, for an error message: "the row's 'output' is null; it has 'instruction'".
+
+    A JSON Lines file whose rows differ in their keys is read with every key as a column, so a row that
+    lacks a key has it as None: such a field is named as null, and only the fields with a value are listed.
+    """
+    null = [n for n in names if n in row]
+    present = [repr(k) for k, v in row.items() if v is not None]
+    has = f"it has {', '.join(present)}" if present else "it has no non-null field"
+    if null:
+        return f"the row's {' and '.join(repr(n) for n in null)} {'is' if len(null) == 1 else 'are'} null; {has}"
+    return f"the row has no such field; {has}"
+
+
 class Preprocessor(ABC):
     """Base of row preprocessors. Subclasses implement :meth:`preprocess`.
 
@@ -35,10 +49,7 @@ class Preprocessor(ABC):
         value = row.get(name)
         if value is None:
             if required:
-                raise DataError(
-                    f"{type(self).__name__} needs a {name!r} field, but the row has "
-                    f"{', '.join(repr(k) for k in row) or 'no fields'}."
-                )
+                raise DataError(f"{type(self).__name__} needs a {name!r} field, but {missing_fields(row, name)}.")
             return default
         if not isinstance(value, str):
             raise DataError(f"{type(self).__name__}: field {name!r} must be a string, got {type(value).__name__}: "

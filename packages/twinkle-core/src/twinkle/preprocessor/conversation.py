@@ -7,7 +7,7 @@ from typing import Any
 
 from twinkle.dataset.errors import DataError, preview
 from twinkle.multimodal.media import row_media
-from twinkle.preprocessor.base import Preprocessor
+from twinkle.preprocessor.base import Preprocessor, missing_fields
 from twinkle.preprocessor.messages import standard_row
 
 #: ShareGPT speaker names -> standard roles
@@ -34,10 +34,8 @@ class MessagesProcessor(Preprocessor):
         elif row.get("conversations") is not None:
             messages = [self._message(m, i) for i, m in enumerate(self._turns(row["conversations"], "conversations"))]
         else:
-            raise DataError(
-                "MessagesProcessor needs a 'messages' or 'conversations' field, but the row has "
-                f"{', '.join(repr(k) for k in row) or 'no fields'}."
-            )
+            raise DataError("MessagesProcessor needs a 'messages' or 'conversations' field, but "
+                            f"{missing_fields(row, 'messages', 'conversations')}.")
         system = self.field(row, "system", required=False) or self.system
         if system and not (messages and messages[0]["role"] == "system"):
             messages.insert(0, {"role": "system", "content": system})

@@ -52,6 +52,8 @@ class Template:
     default_template_kwargs: ClassVar[dict[str, Any]] = {}
     #: the text closing an assistant turn, if the family has a fixed one (else the tokenizer's eos token)
     turn_end_token: ClassVar[str | None] = None
+    #: the tool-call syntax the family's models write (a ToolCallRegistry name); None tries every parser
+    tool_call_parser: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -304,6 +306,30 @@ class Template:
         n = len(ids)
         return {"input_ids": ids, "labels": labels, "attention_mask": [1] * n, "position_ids": list(range(n)),
                 "length": n}, None
+
+    def parse_tool_call(self, text: str) -> list[dict[str, Any]]:
+        """The tool calls a completion holds, in the standard conversation's ``tool_calls`` form.
+
+        Read with the family's :attr:`tool_call_parser`, else the first parser that finds a call
+        (:class:`twinkle.template.tools.ToolCallRegistry`). ``parse`` is upstream Twinkle's name.
+        """
+        parser = self._tool_parser(text)
+        return parser.parse(text) if parser is not None else []
+
+    def clean_tool_call(self, text: str) -> str:
+        """The completion without its tool calls (``clean`` is upstream Twinkle's name)."""
+        parser = self._tool_parser(text)
+        return parser.clean(text) if parser is not None else (text or "").strip()
+
+    parse = parse_tool_call
+    clean = clean_tool_call
+
+    def _tool_parser(self, text: str) -> Any:
+        from twinkle.template.tools import ToolCallRegistry
+
+        if self.tool_call_parser is not None:
+            return ToolCallRegistry.get(self.tool_call_parser)
+        return ToolCallRegistry.detect_first(text)
 
     def save_pretrained(self, directory: Any) -> None:
         """Write what encodes like this template into a model directory (the tokenizer; VL: the processor)."""

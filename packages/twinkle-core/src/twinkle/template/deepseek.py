@@ -162,12 +162,15 @@ class DeepSeekR1Template(Template):
 class DeepSeekV4Template(Template):
     """DeepSeek-V4 (module docstring): DSML tool calls; thinking mode per conversation unless ``enable_thinking=``.
 
+    ``DeepseekV4Template`` (in ``twinkle.template.deepseek_v4``) is upstream Twinkle's spelling.
+
     Its repositories ship the format as Python (``encoding_dsv4.py``), not as a chat template, so this
     template always renders :data:`DEEPSEEK_V4` (pass ``chat_template=`` to use another).
     """
 
     turn_end_token = EOS
     forced_chat_template = DEEPSEEK_V4
+    tool_call_parser = "deepseek_dsml"
     default_template_kwargs: ClassVar[dict[str, Any]] = {"enable_thinking": False}
 
     def conversation_kwargs(self, conv: Conversation) -> dict[str, Any]:

@@ -123,6 +123,7 @@ class Qwen2_5Template(Template):
 
     turn_end_token = "<|im_end|>"
     fallback_chat_template = QWEN2_5
+    tool_call_parser = "hermes_qwen"
 
 
 class Qwen3Template(Template):
@@ -136,6 +137,7 @@ class Qwen3Template(Template):
 
     turn_end_token = "<|im_end|>"
     fallback_chat_template = chat_templates.CHATML
+    tool_call_parser = "hermes_qwen"
     default_template_kwargs: ClassVar[dict[str, Any]] = {"enable_thinking": False}
 
     def conversation_kwargs(self, conv: Conversation) -> dict[str, Any]:

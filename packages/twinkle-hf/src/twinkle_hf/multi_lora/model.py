@@ -23,6 +23,7 @@ from twinkle.remote import remote_class
 from twinkle.utils.checks import check_int
 from twinkle_hf.model.adapters import check_targets
 from twinkle_hf.model.build import build_backend
+from twinkle_hf.model.transformers_model import TransformersModel
 from twinkle_hf.multi_lora.checkpoint import TenantCheckpointState
 from twinkle_hf.multi_lora.slots import LoraSlots
 
@@ -92,3 +93,8 @@ class MultiLoraTransformersModel(MultiTenantFacade):
         return (f"MultiLoraTransformersModel({type(self.backend.hf_model()).__name__}, "
                 f"slots={self.multi_lora.max_loras}, max_r={self.multi_lora.max_r}, "
                 f"tenants={self.multi_lora.names()}, device={self.device})")
+
+
+# A MultiLoraTransformersModel is a TransformersModel: a virtual subclass (isinstance/issubclass hold),
+# composed rather than stacked, as the Megatron pair -- both are facades over one backend.
+TransformersModel.register(MultiLoraTransformersModel)
