@@ -81,6 +81,23 @@ class TransformersModel(ModelFacade):
         return self.backend.module is not self.backend.hf_model()
 
     @locked
+    def merged_model(self, adapter_name: str) -> Any:
+        """The base model with adapter ``adapter_name`` merged in, as a plain transformers model on the host.
+
+        Every rank must call it (a sharded model's weights are gathered); training continues unmerged.
+
+        Args:
+            adapter_name: the LoRA adapter to merge.
+
+        Returns:
+            The merged model on the CPU on rank 0 (any rank of a single process); None on the other ranks.
+        """
+        from twinkle_hf.model.merge import merged_model
+
+        self._require_parallelized("merged_model")
+        return merged_model(self.backend, adapter_name)
+
+    @locked
     def freeze_vision(self, vision_tower: bool = True, projector: bool = False) -> None:
         """Full training of a VL model: stop training the vision tower (and/or the projector); call before
         set_optimizer. ``vision_tower=False, projector=False`` makes both trainable again."""
