@@ -97,7 +97,7 @@ def run_twinkle(config: Any, batch: dict[str, Any], mode: str, steps: int,
     from twinkle.model import TransformersModel
 
     torch.manual_seed(0)
-    model = TransformersModel(config=config, mixed_precision="bf16")
+    model = TransformersModel(config=config, mixed_precision="bf16", kernelize=False)  # the default is on CUDA
     if mode == "lora":
         torch.manual_seed(2)
         model.add_adapter_to_model("bench", LoraConfig(**LORA))
