@@ -15,12 +15,16 @@ FLOPs are < 1% and ignored).
     python bench/bench_gpu_train.py                         # lora + full, seq 2048, batch 4
     python bench/bench_gpu_train.py --modes lora --steps 5
     python bench/bench_gpu_train.py --check                 # CPU: arguments, config, FLOP formula
+
+Variants: ``twinkle`` (the defaults), ``twinkle_fast`` (``kernelize`` with the installed kernels, liger on
+CUDA, and ``task='fused_lm_ce'``), ``hand_written``; ``--variants`` picks some.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import sys
@@ -82,22 +86,29 @@ def make_batch(config: Any, seq: int, batch_size: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------- variants
-def run_twinkle(config: Any, batch: dict[str, Any], mode: str, steps: int) -> tuple[list[float], list[float]]:
+def run_twinkle(config: Any, batch: dict[str, Any], mode: str, steps: int,
+                fast: bool = False) -> tuple[list[float], list[float]]:
+    """``fast``: the installed kernels through ``kernelize`` (liger on CUDA) and the fused linear cross entropy
+    (``task='fused_lm_ce'``: the logits are never materialised)."""
     import torch
     from peft import LoraConfig
 
+    from twinkle.kernel import kernelize
     from twinkle.model import TransformersModel
 
     torch.manual_seed(0)
-    model = TransformersModel(config=config, mixed_precision="bf16")
+    model = TransformersModel(config=config, mixed_precision="bf16", kernelize=False)  # the default is on CUDA
     if mode == "lora":
         torch.manual_seed(2)
         model.add_adapter_to_model("bench", LoraConfig(**LORA))
+    if fast:
+        kernelize(model)
     model.set_optimizer("AdamW", lr=LR)
+    task = "fused_lm_ce" if fast else "causal_lm"
     times, losses = [], []
     for _ in range(steps):
         start = time.perf_counter()
-        losses.append(model.forward_backward(inputs=batch))
+        losses.append(model.forward_backward(inputs=batch, task=task))
         model.clip_grad_and_step(max_grad_norm=1.0)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -122,7 +133,8 @@ def run_hand_written(config: Any, batch: dict[str, Any], mode: str, steps: int) 
     return times, losses
 
 
-VARIANTS = {"twinkle": run_twinkle, "hand_written": run_hand_written}
+VARIANTS = {"twinkle": run_twinkle, "twinkle_fast": functools.partial(run_twinkle, fast=True),
+            "hand_written": run_hand_written}
 
 
 def measure(variant: str, config: Any, batch: dict[str, Any], mode: str, steps: int, warmup: int,
@@ -155,8 +167,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default: table)")
     parser.add_argument("--out", default="bench_gpu_train.json", help="where the JSON is written")
+    parser.add_argument("--variants", default="twinkle,twinkle_fast,hand_written",
+                        help=f"comma-separated, of {', '.join(VARIANTS)} (twinkle_fast: kernelize + fused linear CE)")
     parser.add_argument("--check", action="store_true", help="check arguments, config and FLOP formula (no GPU)")
     args = parser.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not args.variants or set(args.variants) - set(VARIANTS):
+        parser.error(f"--variants takes {', '.join(VARIANTS)}, got {','.join(args.variants)!r}")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - {"lora", "full"})
     if unknown or not modes:
@@ -184,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
         import twinkle.model  # noqa: F401
 
-        print(json.dumps({"check": "ok", "config": args.config, "params": params,
+        print(json.dumps({"check": "ok", "config": args.config, "params": params, "variants": args.variants,
                           "flops_per_token": {m: f for m, (_, f) in formula.items()}}))
         return 0
     import torch
@@ -197,13 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     batch = make_batch(config, args.seq, args.batch_size)
     rows = []
     for mode in args.modes:
-        for variant in VARIANTS:
+        for variant in args.variants:
             rows.append(measure(variant, config, batch, mode, args.steps, args.warmup, formula[mode][1], peak))
     for mode in args.modes:
-        mine = next(r for r in rows if r["mode"] == mode and r["variant"] == "twinkle")
-        ref = next(r for r in rows if r["mode"] == mode and r["variant"] == "hand_written")
-        mine["speed_vs_hand_written"] = ref["step_s"] / mine["step_s"]
-        mine["memory_vs_hand_written"] = mine["peak_mem_gib"] / ref["peak_mem_gib"]
+        ref = next((r for r in rows if r["mode"] == mode and r["variant"] == "hand_written"), None)
+        for mine in (r for r in rows if r["mode"] == mode and r["variant"] != "hand_written" and ref):
+            mine["speed_vs_hand_written"] = ref["step_s"] / mine["step_s"]
+            mine["memory_vs_hand_written"] = mine["peak_mem_gib"] / ref["peak_mem_gib"]
     report = {"device": device, "peak_bf16_tflops": peak, "config": args.config, "params": params,
               "seq": args.seq, "batch_size": args.batch_size, "tokens_per_step": args.seq * args.batch_size,
               "torch": torch.__version__, "rows": rows}

@@ -8,31 +8,32 @@
 #      which brings megatron-core (twinkle-megatron's dependency), and the test environment's dependencies
 #      as pyproject.toml's [tool.hatch.envs.test] lists them (liger-kernel pinned there, pytest, ...),
 #      plus the offline test models (scripts/ensure_test_models.py);
-#   4. transformer-engine[pytorch] where it builds (skipped with --no-te): it compiles against this torch;
+#   4. only with --with-te: transformer-engine[pytorch], which compiles against this torch (10-20 minutes);
 #      if it fails, or builds but does not import (which would break `import megatron.core`), it is
-#      removed again and reported; the Megatron TE/fp8 tests then skip.
+#      removed again and reported. Without it (the default) the Megatron TE/fp8 tests skip.
 # Ends with the environment (torch, CUDA, GPUs, liger, megatron-core, transformer-engine, vLLM) and a table of
 # the steps. Exit status: 0 every required step worked (an optional one, vLLM or TE, may have failed: the table
 # says so), 1 a required step failed, 2 usage error, 77 no NVIDIA driver on this machine (nvidia-smi).
 #
-# Usage: tests/gpu/setup.sh [--venv DIR | --python PY] [--torch-index URL] [--no-vllm] [--no-te] [--dry-run]
+# Usage: tests/gpu/setup.sh [--venv DIR | --python PY] [--torch-index URL] [--no-vllm] [--with-te] [--dry-run]
 #   --venv DIR         the environment to create or reuse (default .venv-gpu)
 #   --python PY        install into this interpreter's environment instead (a conda env, a container's python)
-#   --torch-index URL  PyTorch's wheel index for this driver (default https://download.pytorch.org/whl/cu128)
+#   --torch-index URL  another wheel index for torch (default: PyPI, like every other package here)
+#   --with-te          build transformer-engine too (--no-te, the default, is accepted)
 #   --dry-run          print the commands and run nothing (any machine; run_all.sh --check does this)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 VENV=".venv-gpu"
 TARGET_PY=""
-TORCH_INDEX="https://download.pytorch.org/whl/cu128"
+TORCH_INDEX=""  # PyPI
 TORCH_SPEC="torch>=2.9"  # twinkle-core's requirement
 VLLM_SPEC="vllm>=0.10"   # twinkle-hf[vllm]
 TE_SPEC="transformer-engine[pytorch]>=2.0"  # twinkle-megatron[fp8]; never the bare meta package
 PACKAGES=(-e packages/twinkle-core -e "packages/twinkle-hf[liger]" -e packages/twinkle-megatron
           -e packages/twinkle-npu -e packages/twinkle-server)
 WITH_VLLM=1
-WITH_TE=1
+WITH_TE=0
 DRY=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -41,6 +42,7 @@ while [[ $# -gt 0 ]]; do
     --torch-index) TORCH_INDEX="${2:?--torch-index needs a URL}"; shift 2 ;;
     --no-vllm) WITH_VLLM=0; shift ;;
     --no-te) WITH_TE=0; shift ;;
+    --with-te) WITH_TE=1; shift ;;
     --dry-run) DRY=1; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -86,15 +88,16 @@ if [[ -n "$TARGET_PY" ]]; then
 else
   PY="$VENV/bin/python"
   if [[ ! -x "$PY" ]]; then
-    step "virtual environment $VENV" required python3 -m venv "$VENV"
+    # --system-site-packages: a CUDA torch the machine already has is reused (kept below), not downloaded
+    step "virtual environment $VENV" required python3 -m venv --system-site-packages "$VENV"
   fi
 fi
 PIP=("$PY" -m pip install)
 step "pip" required "$PY" -m pip install --upgrade pip
 
-cuda_torch() {  # the installed torch is a CUDA build that sees a GPU
-  (( ! DRY )) && "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else 1)" \
-    2>/dev/null
+cuda_torch() {  # the installed torch is a CUDA build, new enough (TORCH_SPEC), that sees a GPU
+  (( ! DRY )) && "$PY" -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); \
+sys.exit(0 if v >= (2, 9) and torch.version.cuda and torch.cuda.is_available() else 1)" 2>/dev/null
 }
 KEEP=()  # what later installs must keep as it is (pip then resolves against its requirements too)
 if (( WITH_VLLM )); then
@@ -106,7 +109,9 @@ fi
 if cuda_torch; then
   STEPS+=("CUDA torch	kept: $("$PY" -c 'import torch; print(torch.__version__)')")
 else
-  step "CUDA torch" required "${PIP[@]}" "$TORCH_SPEC" --index-url "$TORCH_INDEX"
+  INDEX=()
+  [[ -n "$TORCH_INDEX" ]] && INDEX=(--index-url "$TORCH_INDEX")
+  step "CUDA torch" required "${PIP[@]}" "$TORCH_SPEC" "${INDEX[@]}"
 fi
 
 CONSTRAINTS="$(mktemp -t twinkle-gpu-constraints.XXXXXX)"

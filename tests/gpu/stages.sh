@@ -85,15 +85,23 @@ out = Path(sys.argv[1])
 rows = [line.split("\t") for line in (out / "stages.tsv").read_text().splitlines() if line]
 stages = [{"stage": n, "status": s, "seconds": int(t), "budget_s": int(b), "rc": int(rc)} for n, s, t, b, rc in rows]
 summary = {"stages": stages}
-for name, key in (("environment.json", "environment"), ("bench_gpu_train.json", "bench")):
-    if (out / name).is_file():
-        summary[key] = json.loads((out / name).read_text())
+if (out / "environment.json").is_file():
+    summary["environment"] = json.loads((out / "environment.json").read_text())
+benches = {}
+for path in sorted(out.glob("bench*.json")):  # bench_gpu_train.json (run_all.sh), bench_0_5b.json ... (first_run.sh)
+    try:
+        benches[path.stem] = json.loads(path.read_text())
+    except ValueError:  # a benchmark cut short mid-write
+        benches[path.stem] = {"error": "unreadable (cut short?)"}
+if benches:
+    summary["bench"] = benches
 print(f"\n{'stage':<11} {'status':<38} {'seconds':>7} {'budget':>6}")
 for row in stages:
     print(f"{row['stage']:<11} {row['status']:<38} {row['seconds']:>7} {row['budget_s']:>6}")
-for row in summary.get("bench", {}).get("rows", []):
-    mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "n/a"
-    print(f"bench {row['mode']:<5} {row['variant']:<13} {row['tokens_per_s']:>9.0f} tokens/s  MFU {mfu}")
+for name, bench in benches.items():
+    for row in bench.get("rows", []):
+        mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "n/a"
+        print(f"{name} {row['mode']:<5} {row['variant']:<13} {row['tokens_per_s']:>9.0f} tokens/s  MFU {mfu}")
 (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 print(f"written: {out / 'summary.json'}")
 ok = ("passed",) if sys.argv[2] == "1" else ("passed", "skipped")

@@ -137,3 +137,50 @@ def test_meta_build_and_sharded_load_on_one_gpu(tmp_path, nccl_world) -> None:
         assert torch.equal(buffer, dict(plain.named_buffers())[file_key(name)]), name
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     assert all(t.device.type == "cpu" for t in state.values())
+
+
+def test_liger_through_kernelize_trains_like_the_plain_model() -> None:
+    """kernelize with the installed kernels (liger on CUDA) on a bf16 model: liger's choices are taken and the
+    first losses agree with the plain model's within bf16's rounding (2e-2 relative, as the fused CE check)."""
+    pytest.importorskip("liger_kernel")
+    from twinkle.kernel import kernel_report, kernelize
+    from twinkle.model import TransformersModel
+
+    config = tiny_config("qwen2", hidden_size=256, intermediate_size=512, vocab_size=4096)
+    batch = make_batch(2, rows=4, length=256, vocab=4096)
+    losses = {}
+    for name in ("plain", "liger"):
+        torch.manual_seed(0)
+        model = TransformersModel(config=config, mixed_precision="bf16")
+        if name == "liger":
+            kernelize(model)
+            assert kernel_report(model).chosen("rms_norm") == ["liger.rms_norm"]
+        model.set_optimizer("AdamW", lr=1e-3)
+        losses[name] = []
+        for _ in range(3):
+            losses[name].append(float(model.forward_backward(inputs=batch)))
+            model.clip_grad_and_step()
+    assert losses["liger"] == pytest.approx(losses["plain"], rel=2e-2)
+
+
+def test_fp8_trains_through_torchao_float8_layers() -> None:
+    """mixed_precision='fp8' on a GPU with FP8 tensor cores: the decoder linears are Float8Linear and the loss
+    falls; elsewhere the model is refused (tests/hf/test_fp8.py checks the message)."""
+    pytest.importorskip("torchao")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no FP8 tensor cores on this GPU (compute capability < 8.9)")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from twinkle.model import TransformersModel
+
+    torch.manual_seed(0)
+    model = TransformersModel(config=tiny_config("qwen2", hidden_size=256, intermediate_size=512, vocab_size=4096),
+                              mixed_precision="fp8")
+    assert sum(isinstance(m, Float8Linear) for m in model.model.modules()) == 2 * 7
+    model.set_optimizer("AdamW", lr=1e-3)
+    batch = make_batch(3, rows=4, length=256, vocab=4096)
+    losses = []
+    for _ in range(6):
+        losses.append(float(model.forward_backward(inputs=batch)))
+        model.clip_grad_and_step()
+    assert losses[-1] < losses[0] - 0.1, losses

@@ -138,9 +138,10 @@ def test_setup_installs_what_the_gpu_tier_needs() -> None:
     plan = _plan()
     commands = [line for line in plan.splitlines() if line.startswith("+ ")]
     installs = "\n".join(commands)
-    vllm, torch = (next(i for i, c in enumerate(commands) if key in c) for key in ("vllm>=", "--index-url"))
-    assert vllm < torch  # vLLM first: it pins its torch; the CUDA index only if it brought none
-    assert "torch>=2.9 --index-url https://download.pytorch.org/whl/cu128" in installs
+    vllm, torch = (next(i for i, c in enumerate(commands) if c.endswith(key)) for key in ("vllm>=0.10 torch>=2.9",
+                                                                                         "install torch>=2.9"))
+    assert vllm < torch  # vLLM first: it pins its torch; a CUDA torch from PyPI only if it brought none
+    assert "index-url" not in installs and "download.pytorch.org" not in installs  # PyPI only
     for package in ("-e packages/twinkle-core", "-e packages/twinkle-hf[liger]", "-e packages/twinkle-megatron",
                     "-e packages/twinkle-server"):
         assert package in installs, package
@@ -151,13 +152,16 @@ def test_setup_installs_what_the_gpu_tier_needs() -> None:
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     liger = next(d for d in pyproject["tool"]["hatch"]["envs"]["test"]["dependencies"] if d.startswith("liger"))
     assert liger in installs  # the same liger as the hatch test environment
-    assert "--no-build-isolation transformer-engine[pytorch]>=2.0" in installs  # built against the installed torch
+    assert "transformer-engine" not in installs  # a 10-20 minute build: only when asked for
     assert "megatron.core" in installs and "liger_kernel" in installs  # the closing import check
     table = {line[:40].strip(): line[40:].strip() for line in plan[plan.index("\n\n"):].splitlines() if line}
-    assert table["vLLM (extra)"] == table["transformer-engine (where it builds)"] == "planned (optional)"
+    assert table["vLLM (extra)"] == "planned (optional)"
     assert table["CUDA torch"] == table["twinkle packages (editable)"] == "planned (required)"
     bare = _plan("--no-vllm", "--no-te")
     assert "vllm" not in bare.lower() and "transformer-engine" not in bare
+    te = _plan("--with-te", "--torch-index", "https://example.invalid/whl")
+    assert "--no-build-isolation transformer-engine[pytorch]>=2.0" in te  # built against the installed torch
+    assert "torch>=2.9 --index-url https://example.invalid/whl" in te
 
 
 def test_setup_refuses_unknown_arguments_and_a_machine_without_a_driver() -> None:

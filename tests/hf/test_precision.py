@@ -1,18 +1,10 @@
-"""Mixed precision: no / bf16 autocast on CPU / fp16 with a GradScaler / fp8 through the registry."""
+"""Mixed precision: no / bf16 autocast on CPU / fp16 with a GradScaler (fp8: test_fp8.py)."""
 
 from __future__ import annotations
-
-import contextlib
 
 import pytest
 import torch
 from hf_testing import make_batch, make_model, tensor_hash, tiny_config
-
-from twinkle.errors import MissingBackendError
-from twinkle.hookspecs import hookimpl
-from twinkle.plugins import Provenance, create_plugin_manager
-from twinkle.precision import PrecisionError
-from twinkle.registry import Registry, set_registry
 
 
 def test_bf16_autocasts_on_cpu_and_keeps_fp32_weights() -> None:
@@ -55,52 +47,6 @@ def test_fp16_uses_a_configured_grad_scaler_and_checkpoints_it(tmp_path) -> None
     fresh.set_optimizer("SGD", lr=0.1)
     fresh.resume_from_checkpoint(path)
     assert fresh.optimizer_group["default"].scaler.state_dict() == group.scaler.state_dict()
-
-
-class _FakeFp8:
-    """A provider that only runs on CUDA, like Transformer Engine's."""
-
-    @staticmethod
-    def is_available(device_type: str) -> bool:
-        return device_type == "cuda"
-
-    def prepare_model(self, model):
-        return model
-
-    def autocast(self):
-        return contextlib.nullcontext()
-
-
-class _Fp8Plugin:
-    @hookimpl
-    def register_precisions(self):
-        return {"fp8": f"{__name__}:_FakeFp8"}
-
-
-@contextlib.contextmanager
-def _registry_with(*plugins: tuple[object, str]):
-    """Core + twinkle-hf + the given plugins only (no other installed entry points, e.g. a real fp8)."""
-    import twinkle_hf.plugin
-
-    extra = [(twinkle_hf.plugin, Provenance("hf", "twinkle-hf", "0.1.0"))]
-    extra += [(plugin, Provenance(name, name, "1.0")) for plugin, name in plugins]
-    old = set_registry(Registry(create_plugin_manager(entry_points=False, extra=extra)))
-    try:
-        yield
-    finally:
-        set_registry(old)
-
-
-def test_fp8_without_provider_names_the_package() -> None:
-    with _registry_with(), pytest.raises(MissingBackendError, match=r"pip install twinkle-megatron\[fp8\]"):
-        make_model(mixed_precision="fp8")
-
-
-def test_fp8_resolves_through_the_registry_and_refuses_cpu(monkeypatch) -> None:
-    monkeypatch.setenv("TWINKLE_DEVICE", "cpu")  # the CPU case, also on a GPU machine
-    with _registry_with((_Fp8Plugin(), "fake-fp8")):
-        with pytest.raises(PrecisionError, match="mixed_precision='fp8' cannot run on 'cpu'.*'bf16'"):
-            make_model(mixed_precision="fp8")
 
 
 @pytest.mark.gpu

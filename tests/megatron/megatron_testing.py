@@ -7,6 +7,9 @@ exercised.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,36 @@ def hf_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     return CrossEntropyLoss()(batch, {"logits": logits})["loss"]
+
+
+@contextlib.contextmanager
+def scheduled_on_cpu() -> Iterator[None]:
+    """``forward_backward`` through megatron-core's forward-backward schedule on the CPU (the CUDA path's
+    :meth:`run_schedule`), with the CPU optimizer stand-in: the schedule's ``device='cuda'`` allocations go to
+    the CPU. Everything is restored afterwards."""
+    from twinkle_megatron.model.backend import MegatronBackend
+
+    def on_cpu(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if str(kwargs.get("device", "")).startswith("cuda"):
+                kwargs["device"] = "cpu"
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    names = ("tensor", "zeros", "empty", "ones", "full")
+    saved = {name: getattr(torch, name) for name in names}
+    schedules = MegatronBackend.__dict__["schedules"]
+    try:
+        for name in names:
+            setattr(torch, name, on_cpu(saved[name]))
+        MegatronBackend.schedules = True
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch, name, fn)
+        MegatronBackend.schedules = schedules
 
 
 def megatron_model(directory: Path | str, **kwargs: Any) -> Any:

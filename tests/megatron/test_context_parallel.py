@@ -9,11 +9,12 @@ original rows, and twinkle's CrossEntropyLoss / TokenAccuracy on the whole rows.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
 import torch
-from megatron_testing import VOCAB, hf_model, make_batch, megatron_model, save_hf
+from megatron_testing import VOCAB, hf_model, make_batch, megatron_model, save_hf, scheduled_on_cpu
 
 from twinkle.loss import CrossEntropyLoss, Loss
 from twinkle.metric import TokenAccuracy
@@ -120,3 +121,60 @@ def test_a_custom_loss_is_refused_under_context_parallelism(model, as_rank):
             model.backend.loss_for(group, "causal_lm", consumable=True).compute(piece, outputs)
     finally:
         group.loss = None
+
+
+def two_like_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The context-parallel group and the data x context group act as two ranks holding this rank's values: a sum
+    over either doubles (the other rank's share is a copy of this one's). Other groups are untouched. (Called
+    once the model is built: building it makes megatron's groups anew.)"""
+    from megatron.core import parallel_state as ps
+
+    from twinkle import collective
+
+    doubled = {id(ps.get_context_parallel_group()), id(ps.get_data_parallel_group(with_context_parallel=True))}
+    active, reduce = collective.active, collective._all_reduce
+
+    def fake_reduce(tensor, op, group, owned):
+        if id(group) not in doubled:
+            return reduce(tensor, op, group, owned)
+        return tensor * 2 if op == "sum" else tensor.clone()
+
+    monkeypatch.setattr(collective, "active", lambda group=None: id(group) in doubled or active(group))
+    monkeypatch.setattr(collective, "_all_reduce", fake_reduce)
+
+
+@pytest.mark.parametrize("path", ["eager", "scheduled"])
+def test_the_gradient_is_the_token_mean_over_the_context_ranks(tmp_path, monkeypatch, path):
+    """CP=2, the other rank a copy of this one: the summed gradients (2 g) over the summed tokens (2 n) must be
+    this rank's own token-mean gradient g / n. The reference is computed by hand: the rank's piece through the
+    model and the loss, its mean back-propagated. A count summed over CP twice gives exactly half of it.
+
+    Tolerance: the two gradients are the same sums, the 1/n factor applied at the loss instead of after
+    backward; each of the at most ~50 roundings between the loss and a weight's gradient may differ by one
+    fp32 ulp, so rtol = 50 * 2**-24 (3e-6), rounded up to 1e-5 and applied to the gradient's scale."""
+    model = megatron_model(save_hf(hf_model("qwen2", seed=4), tmp_path))
+    backend, group = model.backend, model.optimizer_group["default"]
+    backend.sizes = dataclasses.replace(backend.sizes, cp=2)  # this process plays CP rank 0 of 2
+    backend.ranks = dataclasses.replace(backend.ranks, cp=0)
+    two_like_ranks(monkeypatch)
+    model.set_optimizer("default", lr=1e-3)  # the CPU driver sees the (faked) groups as it is built
+    batch = make_batch(seed=9, rows=3, length=16)
+    params = [p for p in model.gpt.parameters() if p.requires_grad]
+
+    (piece,) = backend.prepare(dict(batch), group, "causal_lm", {})
+    outputs = backend.run("causal_lm", piece, True, {})
+    total, items = vp.VocabParallelCrossEntropy().compute(piece, outputs)
+    (total / items).backward()
+    reference = [p.grad.clone() for p in params]
+    for param in params:
+        param.grad = None
+
+    with scheduled_on_cpu() if path == "scheduled" else contextlib.nullcontext():
+        assert backend.schedules == (path == "scheduled")
+        loss = model.forward_backward(inputs=batch)
+    assert int(model.optimizer_group["default"].window_items) == int(items)  # this rank's own tokens
+    model.clip_grad_norm(1e9)  # finishes the gradients (finalize) without clipping
+    scale = max(float(g.abs().max()) for g in reference)
+    for param, expected in zip(params, reference):
+        torch.testing.assert_close(param.grad, expected, rtol=1e-5, atol=1e-5 * scale)
+    assert float(loss) == pytest.approx(float(total / items), rel=1e-6)

@@ -73,3 +73,34 @@ def test_fp8_on_cpu_is_refused_before_anything_is_built(tmp_path):
         megatron_model(save_hf(hf_model("qwen2"), tmp_path), mixed_precision="fp8")
     with pytest.raises(MegatronConfigError, match=r"mixed_precision='fp4' is not one of no, bf16, fp16, fp8"):
         megatron_model(tmp_path, mixed_precision="fp4")
+
+
+FUSIONS = ("bias_dropout_fusion", "apply_rope_fusion", "gradient_accumulation_fusion", "masked_softmax_fusion",
+           "persist_layer_norm")
+
+
+@pytest.mark.parametrize("device_type,use_te,fused", [
+    ("cpu", False, set()), ("cpu", True, set()), ("cuda", False, {"bias_dropout_fusion"}),
+    ("cuda", True, {"bias_dropout_fusion", "apply_rope_fusion", "gradient_accumulation_fusion",
+                    "masked_softmax_fusion"})])
+def test_fusions_are_on_where_the_device_has_them(device_type, use_te, fused):
+    from twinkle_megatron.build import fusions
+
+    assert {n for n, on in fusions(device_type, use_te).items() if on} == fused
+    assert set(fusions(device_type, use_te)) == set(FUSIONS)
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_the_transformer_config_takes_the_fusions_and_a_models_kwargs_override_them(device_type):
+    from megatron_testing import tiny_config
+
+    from twinkle_megatron.bridge.config import model_args
+    from twinkle_megatron.build import fusions, transformer_config
+    from twinkle_megatron.parallel.mesh import ParallelSizes
+
+    args = model_args(tiny_config("qwen2"))
+    config = transformer_config(args, ParallelSizes(), "bf16", device_type, False, {}, init_weights=False)
+    assert {n: getattr(config, n) for n in FUSIONS} == fusions(device_type, False)
+    off = transformer_config(args, ParallelSizes(), "bf16", device_type, False, {"bias_dropout_fusion": False},
+                             init_weights=False)
+    assert not off.bias_dropout_fusion

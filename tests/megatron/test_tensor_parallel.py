@@ -16,7 +16,16 @@ import json
 from pathlib import Path
 
 import pytest
-from megatron_testing import VOCAB_LARGE, lora_config, loss_peak_bytes, make_batch, megatron_model, train, train_batches
+from megatron_testing import (
+    VOCAB_LARGE,
+    lora_config,
+    loss_peak_bytes,
+    make_batch,
+    megatron_model,
+    rows,
+    train,
+    train_batches,
+)
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
@@ -125,6 +134,21 @@ def test_tp2_resume_from_a_checkpoint_continues_bitwise(reports):
     for rank, r in enumerate(reports):
         assert {f"optimizer_{rank}.pt", f"rng_state_{rank}.pt", "model.safetensors"} <= set(r["tp2_resume_files"])
         assert r["tp2_resume_head"] + r["tp2_resume_tail"] == r["tp2_full"]
+
+
+@pytest.mark.parametrize("path", ["eager", "scheduled"])
+def test_the_returned_loss_is_the_mean_over_the_data_ranks(launches, reports, path):
+    """Each rank trains on its half of the rows; the loss forward_backward returns on every rank is the one-process
+    loss of the whole batch (the halves' own losses are far from it)."""
+    whole = train_batches()[0]
+    own = []
+    for batch in (whole, rows(whole, 0, 2), rows(whole, 1, 2)):
+        model = megatron_model(launches["qwen2"])
+        model.set_optimizer("default", lr=1e-3)
+        own.append(float(model.forward_backward(inputs=batch)))
+    reference, halves = own[0], own[1:]
+    assert [r[f"dp2_{path}_returned_loss"] for r in reports] == pytest.approx([reference] * 2, rel=0, abs=LOSS_ATOL)
+    assert all(abs(h - reference) > 100 * LOSS_ATOL for h in halves)
 
 
 def test_cpu_driver_sums_tokens_and_gradients_over_data_and_context_ranks(reports):

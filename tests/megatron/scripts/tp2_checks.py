@@ -5,7 +5,8 @@ TP=2 -- logits/weights/adapters against HF and peft; 5 steps of full training (Q
 from a step-3 checkpoint; 5 steps of LoRA training (Qwen2); the vocab-parallel loss on a large vocabulary with
 its peak memory; a custom loss reading the gathered logits; LoRA on lm_head (untied and tied embeddings) against
 peft: logits, gradients, files, the padded vocabulary row, runtime_gather_output.
-DP=2 -- the same full and LoRA training, each rank on its half of every batch.
+DP=2 -- the same full and LoRA training, each rank on its half of every batch; the loss forward_backward returns,
+eager and through megatron's schedule.
 CP=2 groups -- the CPU driver sums token counts and gradients over data x context parallel ranks.
 
 argv: <qwen2 dir> <qwen3 dir> <peft adapter dir (on qwen2)> <large-vocab qwen2 dir> <output dir>
@@ -37,6 +38,7 @@ from megatron_testing import (  # noqa: E402
     make_batch,
     peft_grads,
     rows,
+    scheduled_on_cpu,
     train,
     train_batches,
 )
@@ -209,6 +211,19 @@ def lm_head_lora(base: Path, adapter: Path, tied: bool, mesh: DeviceMesh, out: P
     report[f"{tag}_padding_zero"] = padding_zero
 
 
+def returned_dp_loss(qwen2: Path, mesh: DeviceMesh, report: dict) -> None:
+    """DP=2, each rank on its half of the rows: the loss forward_backward returns (eager, and through the schedule
+    the CUDA path runs)."""
+    from contextlib import nullcontext
+
+    half = rows(train_batches()[0], mesh.coords(dist.get_rank())["dp"], 2)
+    for path in ("eager", "scheduled"):
+        model = MegatronModel(model_id=str(qwen2), device_mesh=mesh, mixed_precision="no")
+        model.set_optimizer("default", lr=1e-3)
+        with scheduled_on_cpu() if path == "scheduled" else nullcontext():
+            report[f"dp2_{path}_returned_loss"] = float(model.forward_backward(inputs=half))
+
+
 def context_parallel_token_counts(report: dict) -> None:
     """CP=2 process groups: the CPU driver sums gradients and token counts over data x context parallel ranks."""
     from twinkle_megatron.model.drivers import TorchDriver
@@ -246,6 +261,7 @@ def main() -> None:
     report["groups_dp2"] = groups(2)
     report["mesh_dp_group"] = dp_mesh.group_ranks("dp", rank)
     training(qwen2, qwen3, dp_mesh, out, "dp2", report)
+    returned_dp_loss(qwen2, dp_mesh, report)
     context_parallel_token_counts(report)
 
     (out / f"rank{rank}.json").write_text(json.dumps(report))

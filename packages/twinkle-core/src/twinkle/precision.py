@@ -3,9 +3,10 @@
 ``no`` trains in the parameters' dtype; ``bf16`` and ``fp16`` run the forward under
 ``torch.autocast`` (CPU too) with fp32 master weights; ``fp16`` adds a GradScaler. ``fp8`` is
 not something torch autocast offers: it resolves through the registry kind ``precision``
-(a provider such as twinkle-megatron[fp8]'s Transformer Engine one). A provider is a class or
-object with ``is_available(device_type) -> bool``, ``prepare_model(model) -> model`` and
-``autocast() -> context manager``.
+under the name the backend asks for (``fp8``: twinkle-megatron[fp8]'s Transformer Engine provider, for
+Megatron's TE layers; ``torchao.fp8``: twinkle-hf[fp8]'s torchao float8 layers, for transformers models).
+A provider is a class or object with ``is_available(device_type) -> bool``, ``prepare_model(model) ->
+model`` and ``autocast() -> context manager``, optionally ``unavailable_reason(device_type) -> str | None``.
 """
 
 from __future__ import annotations
@@ -67,8 +68,17 @@ class PrecisionPlan:
                                  f"torch.amp.GradScaler: {exc}.") from exc
 
 
-def plan_precision(mode: str, device_type: str) -> PrecisionPlan:
-    """Check ``mode`` for ``device_type`` ('cpu', 'cuda', 'npu', ...) and return its plan."""
+def plan_precision(mode: str, device_type: str, fp8_provider: str = "fp8") -> PrecisionPlan:
+    """Check ``mode`` for ``device_type`` ('cpu', 'cuda', 'npu', ...) and return its plan.
+
+    Args:
+        mode: one of :data:`MIXED_PRECISION`.
+        device_type: where the model runs.
+        fp8_provider: the registered ``precision`` name that serves ``fp8`` for this backend.
+
+    Returns:
+        The plan; a :class:`PrecisionError` when the mode cannot run here.
+    """
     if mode not in MIXED_PRECISION:
         raise PrecisionError(f"mixed_precision={mode!r} is not one of {', '.join(MIXED_PRECISION)}.")
     if mode == "no":
@@ -82,18 +92,20 @@ def plan_precision(mode: str, device_type: str) -> PrecisionPlan:
         return PrecisionPlan(mode, device_type, autocast_dtype=torch.bfloat16)
     if mode == "fp16":
         return PrecisionPlan(mode, device_type, autocast_dtype=torch.float16, use_grad_scaler=True)
-    return _plan_fp8(device_type)
+    return _plan_fp8(device_type, fp8_provider)
 
 
-def _plan_fp8(device_type: str) -> PrecisionPlan:
+def _plan_fp8(device_type: str, name: str) -> PrecisionPlan:
     from twinkle.registry import resolve
 
-    provider = resolve("precision", "fp8")  # MissingBackendError names twinkle-megatron[fp8]
+    provider = resolve("precision", name)  # MissingBackendError names the package that provides it
     if isinstance(provider, type):
         provider = provider()
     if not provider.is_available(device_type):
+        reason = getattr(provider, "unavailable_reason", lambda _: None)(device_type)
         raise PrecisionError(
-            f"mixed_precision='fp8' cannot run on {device_type!r}: FP8 needs a CUDA GPU with FP8 tensor cores "
-            "(Hopper/Ada) and Transformer Engine. Use mixed_precision='bf16' (works on CPU too) or 'no'."
+            f"mixed_precision='fp8' cannot run on {device_type!r}: "
+            f"{reason or 'FP8 needs a CUDA GPU with FP8 tensor cores (Ada/Hopper) and Transformer Engine'}. "
+            "Use mixed_precision='bf16' (works on CPU too) or 'no'."
         )
     return PrecisionPlan("fp8", device_type, provider=provider)

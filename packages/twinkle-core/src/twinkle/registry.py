@@ -56,6 +56,7 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("lr_scheduler", "OptimizerParamScheduler"): "twinkle-megatron",
     ("loss", "LigerFusedLinearCrossEntropyLoss"): "twinkle-hf",
     ("precision", "fp8"): "twinkle-megatron[fp8]",
+    ("precision", "torchao.fp8"): "twinkle-hf[fp8]",
     ("platform", "npu"): "twinkle-npu",
     ("sampler", "TorchSampler"): "twinkle-hf",
     ("sampler", "VLLMSampler"): "twinkle-hf[vllm]",

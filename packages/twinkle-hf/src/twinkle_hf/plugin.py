@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 from twinkle.hookspecs import hookimpl
+
+
+def torchao_installed() -> bool:
+    """Whether torchao (the fp8 layers of ``twinkle_hf.fp8``) is installed; nothing is imported."""
+    return find_spec("torchao") is not None
 
 
 @hookimpl
@@ -31,3 +38,9 @@ def register_losses():
 @hookimpl
 def register_samplers():
     return {"TorchSampler": "twinkle_hf.sampler:TorchSampler", "VLLMSampler": "twinkle_hf.sampler:VLLMSampler"}
+
+
+@hookimpl
+def register_precisions():
+    # mixed_precision='fp8' of TransformersModel: torchao's float8 layers (CUDA, compute capability 8.9+)
+    return {"torchao.fp8": "twinkle_hf.fp8:TorchaoFP8"} if torchao_installed() else {}

@@ -46,6 +46,20 @@ def split_megatron_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return picked
 
 
+def fusions(device_type: str, use_te: bool) -> dict[str, bool]:
+    """megatron-core's fused kernels, on where this device has them (kwargs of the model override each one).
+
+    On CUDA the bias-dropout-add fusion (a TorchScript kernel, no extra package); with Transformer Engine also
+    TE's fused RoPE, its fused weight-gradient accumulation into the main grads and the fused masked
+    softmax. The CPU runs none (the CPU tests compare with HF's unfused numerics); apex's persistent layer
+    norm is never assumed.
+    """
+    cuda = device_type == "cuda"
+    return {"bias_dropout_fusion": cuda, "apply_rope_fusion": cuda and use_te,
+            "gradient_accumulation_fusion": cuda and use_te, "masked_softmax_fusion": cuda and use_te,
+            "persist_layer_norm": False}
+
+
 def transformer_config(args: ModelArgs, sizes: ParallelSizes, mixed_precision: str, device_type: str,
                        use_te: bool, overrides: dict[str, Any], init_weights: bool) -> Any:
     from megatron.core.transformer import TransformerConfig
@@ -59,8 +73,7 @@ def transformer_config(args: ModelArgs, sizes: ParallelSizes, mixed_precision: s
         sequence_parallel=sizes.sequence_parallel, params_dtype=dtype, bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16, pipeline_dtype=dtype if sizes.pp > 1 else None,
         variable_seq_lengths=sizes.pp > 1, calculate_per_token_loss=True, perform_initialization=init_weights,
-        use_cpu_initialization=device_type != "cuda", gradient_accumulation_fusion=False,
-        bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
+        use_cpu_initialization=device_type != "cuda", **fusions(device_type, use_te),
     )
     if use_te and args.sliding_window:
         kwargs["window_size"] = (args.sliding_window - 1, 0)

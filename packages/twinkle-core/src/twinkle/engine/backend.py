@@ -68,7 +68,9 @@ class Backend(Protocol):
     def run_schedule(self, routes: Sequence[Route], pieces: list[dict], loss_step: Callable[..., Any]) -> tuple:
         """Only where :attr:`schedules`: run forward *and* backward of every piece with the backend's own
         schedule (megatron's pipeline); ``loss_step(batch, outputs)`` is the engine's loss for one piece.
-        Returns ``(loss sum, item count)`` over all pieces, the same on every rank."""
+        Returns ``(loss sum, item count, own items)``: the first two over all pieces and every data rank (the
+        same on every rank: the call's reported loss), the third this rank's items, what the window's
+        :meth:`finish_grads` divides by (after its own reduction over the data ranks)."""
 
     def reference_logprobs(self, routes: Sequence[Route], batch: Mapping[str, Any]) -> torch.Tensor:
         """``ref_logprobs`` of ``batch`` under the reference policy (the base model without the routes'

@@ -137,8 +137,8 @@ class Engine:
             return self._loss(group, batch, outputs, {}, consumable=True)
 
         self.backend.grad_sync(True)
-        value, count = self.backend.run_schedule(routes, list(pieces), loss_step)
-        sums = {group.name: [value, count, count, _finite(value)]}
+        value, count, own_items = self.backend.run_schedule(routes, list(pieces), loss_step)
+        sums = {group.name: [value, count, own_items, _finite(value)]}
         return self._close_call(routes, sums)
 
     def _close_call(self, routes: Sequence[Route], sums: dict[str, list[Any]]) -> dict[str, LazyFloat]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import shutil
@@ -19,10 +18,10 @@ from twinkle.trainer.store import checkpoint_name, discard, list_checkpoints
 class HFExports:
     """HF-format exports every ``hf_interval`` steps into ``work_dir/hf/step-N`` (LoRA merged on request).
 
-    ``async_hf_export``: the weights are copied to host memory at the step (a merged export deep-copies the
-    model), then written by a background thread into a temporary directory that is renamed into place when
-    complete; the step loop goes on meanwhile. One export is in flight at a time: the next export, or the
-    end of fit(), waits for it. Rank 0 writes it (the weights of a data-parallel model are the same
+    ``async_hf_export``: the weights are copied to host memory at the step (a merged export merges into a
+    host copy of the model), then written by a background thread into a temporary directory that is renamed
+    into place when complete; the step loop goes on meanwhile. One export is in flight at a time: the next
+    export, or the end of fit(), waits for it. Rank 0 writes it (the weights of a data-parallel model are the same
     everywhere; a sharded model cannot export in the background).
     """
 
@@ -51,9 +50,10 @@ class HFExports:
             self.paths.append(str(final))
             return str(final)
         if cfg.lora.enabled and cfg.lora.merge_on_export:
+            merged = merged_model(trainer.model, trainer.adapter)  # every rank: a sharded model gathers
             with shared_atomic_directory(final) as tmp:
-                if collective.rank() == 0:
-                    save_merged(trainer.model, trainer.adapter, tmp)
+                if merged is not None:
+                    _write_merged(merged, trainer.model, trainer.adapter, tmp)
         else:
             trainer.model.save(name, output_dir=str(self.root), adapter_name=trainer.adapter)
         self._done(final, step, total)
@@ -76,7 +76,7 @@ class HFExports:
         tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         if trainer.config.lora.enabled and trainer.config.lora.merge_on_export:
-            snapshot = _merged_copy(model, adapter)
+            snapshot = merged_model(model, adapter)
             write = functools.partial(_write_merged, snapshot, model, adapter, tmp)
         else:
             state = model.get_state_dict(adapter_name=adapter)
@@ -109,20 +109,19 @@ class HFExports:
             self.pool = None
 
 
-def _merged_copy(model: Any, adapter: str) -> Any:
-    peft_model = getattr(model, "model", None)
-    peft_model = getattr(peft_model, "module", peft_model)
-    if not hasattr(peft_model, "merge_and_unload"):
-        raise ConfigError(f"lora.merge_on_export: {type(model).__name__} does not expose a peft model to merge; "
-                          "export the adapter instead (merge_on_export=false).")
-    return copy.deepcopy(peft_model)
+def merged_model(model: Any, adapter: str) -> Any:
+    """The model with ``adapter`` merged, on the host, from the model's own ``merged_model`` (every rank calls it;
+    rank 0 gets the model, the others None)."""
+    merge = getattr(model, "merged_model", None)
+    if merge is None:
+        raise ConfigError(f"lora.merge_on_export: {type(model).__name__} cannot merge its adapter into the exported "
+                          "model; export the adapter instead (merge_on_export=false).")
+    return merge(adapter)
 
 
-def _write_merged(peft_copy: Any, model: Any, adapter: str, directory: Path) -> None:
-    directory.mkdir(parents=True)
-    peft_copy.set_adapter(adapter)
-    _untie_output_embeddings(peft_copy.get_base_model())
-    peft_copy.merge_and_unload().save_pretrained(str(directory))
+def _write_merged(merged: Any, model: Any, adapter: str, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(str(directory))
     _save_tokenizer(model, adapter, directory)
 
 
@@ -145,33 +144,3 @@ def _write_state(state: dict[str, Any], model: Any, adapter: str | None, directo
 def _save_tokenizer(model: Any, adapter: str | None, directory: Path) -> None:
     group = model.optimizer_group[adapter or next(iter(model.optimizer_group))]
     save_tokenizer(directory, group.template, getattr(model, "model_path", None))
-
-
-def save_merged(model: Any, adapter: str, directory: Path) -> None:
-    """Save the base model with ``adapter`` merged in, from a copy, so training continues unmerged."""
-    peft_model = getattr(model, "model", None)
-    peft_model = getattr(peft_model, "module", peft_model)  # DDP-style wrappers
-    if not hasattr(peft_model, "merge_and_unload"):
-        raise ConfigError(f"lora.merge_on_export: {type(model).__name__} does not expose a peft model to merge; "
-                          "export the adapter instead (merge_on_export=false).")
-    merged_source = copy.deepcopy(peft_model)
-    merged_source.set_adapter(adapter)
-    _untie_output_embeddings(merged_source.get_base_model())
-    merged = merged_source.merge_and_unload()
-    merged.save_pretrained(str(directory))
-    template = model.optimizer_group[adapter].template if hasattr(model, "optimizer_group") else None
-    save_tokenizer(directory, template, getattr(model, "model_path", None))
-
-
-def _untie_output_embeddings(base: Any) -> None:
-    """Give a tied lm_head its own weight, so merging a LoRA on it does not also change the embeddings."""
-    import torch
-
-    out, inp = base.get_output_embeddings(), base.get_input_embeddings()
-    out = getattr(out, "base_layer", out)  # a LoRA-wrapped lm_head
-    if out is None or inp is None or out.weight.data_ptr() != inp.weight.data_ptr():
-        return
-    out.weight = torch.nn.Parameter(out.weight.detach().clone(), requires_grad=out.weight.requires_grad)
-    for config in {id(c): c for c in (base.config, getattr(base.config, "get_text_config", lambda: None)())
-                   if c is not None}.values():
-        config.tie_word_embeddings = False

@@ -51,7 +51,7 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
     check_configs("native_fsdp" if plan.kind == "fsdp2" else strategy, ddp_config, fsdp_config)
     check_process_group(plan)
     device = process_device()
-    precision = plan_precision(mixed_precision, device.type)
+    precision = plan_precision(mixed_precision, device.type, fp8_provider="torchao.fp8")  # TE wraps no HF layer
     precision.make_grad_scaler(grad_scaler_config)  # validates the config before loading anything
     rank0_only = memory_efficient_init and plan.distributed
     module = weights_dir = None

@@ -42,7 +42,10 @@ class TransformersModel(ModelFacade):
     rank 0 reads (or builds) the weights (see docs/distributed.md).
     ``gradient_checkpointing``: recompute activations in backward (the ``GradientCheckpointing`` patch):
     the same losses with less activation memory. ``strict_load``: weights in ``model_id`` that do not fit
-    the model (missing/unexpected/mis-shaped) are an error instead of transformers' warning.
+    the model (missing/unexpected/mis-shaped) are an error instead of transformers' warning. ``kernelize``:
+    swap in the installed fused kernels (``twinkle.kernel.kernelize``: liger's RMSNorm, SwiGLU, RoPE on CUDA);
+    None (the default) does so on CUDA without FSDP2 sharding, False never, True also elsewhere (on the CPU
+    it picks torch's own ops).
     """
 
     supports_async_save = True
@@ -60,6 +63,7 @@ class TransformersModel(ModelFacade):
                  memory_efficient_init: bool = False,
                  gradient_checkpointing: bool = False,
                  strict_load: bool = False,
+                 kernelize: bool | None = None,
                  **kwargs: Any) -> None:
         backend = build_backend(model_cls, model_id, config, device_mesh, mixed_precision, strategy, ddp_config,
                                 fsdp_config, grad_scaler_config, memory_efficient_init, strict_load, kwargs)
@@ -74,11 +78,32 @@ class TransformersModel(ModelFacade):
         self.optimizer_group[DEFAULT_GROUP] = self._new_group(DEFAULT_GROUP)
         if gradient_checkpointing:
             self.apply_patch("GradientCheckpointing")
+        if kernelize_by_default(kernelize, backend.device.type, backend.dist_plan.sharded):
+            from twinkle.kernel import kernelize as apply_kernels
+
+            apply_kernels(self)
 
     @property
     def is_peft(self) -> bool:
         """Whether adapters exist (the module is a ``PeftModel``)."""
         return self.backend.module is not self.backend.hf_model()
+
+    @locked
+    def merged_model(self, adapter_name: str) -> Any:
+        """The base model with adapter ``adapter_name`` merged in, as a plain transformers model on the host.
+
+        Every rank must call it (a sharded model's weights are gathered); training continues unmerged.
+
+        Args:
+            adapter_name: the LoRA adapter to merge.
+
+        Returns:
+            The merged model on the CPU on rank 0 (any rank of a single process); None on the other ranks.
+        """
+        from twinkle_hf.model.merge import merged_model
+
+        self._require_parallelized("merged_model")
+        return merged_model(self.backend, adapter_name)
 
     @locked
     def freeze_vision(self, vision_tower: bool = True, projector: bool = False) -> None:
@@ -99,3 +124,11 @@ class TransformersModel(ModelFacade):
     def __repr__(self) -> str:
         return (f"TransformersModel({type(self.backend.hf_model()).__name__}, groups={list(self.optimizer_group)}, "
                 f"mixed_precision={self.mixed_precision!r}, device={self.device})")
+
+
+def kernelize_by_default(flag: bool | None, device_type: str, sharded: bool) -> bool:
+    """Whether a new model is kernelized: ``flag`` when given, else on CUDA unless FSDP2 shards it (liger's
+    kernels under FSDP2 have not run on a GPU here yet)."""
+    if flag is not None:
+        return flag
+    return device_type == "cuda" and not sharded

@@ -7,8 +7,10 @@ trainer calls :meth:`VLLMSampler.sync_weights`:
 * a LoRA adapter (or multi-LoRA tenant) is written as a PEFT directory (``model.save``) and
   registered under a fresh LoRA id, so vLLM loads the new version on the next request (the old id is
   removed);
-* full-model weights go in memory: the HF-named tensors of ``model.get_state_dict()`` are handed to
-  the engine's ``load_weights`` (through ``LLM.apply_model``) and the prefix cache is reset. With
+* full-model weights go in memory: the HF-named tensors are handed to the engine's ``load_weights``
+  (through ``LLM.apply_model``) and the prefix cache is reset. A transformers model's tensors are
+  gathered one at a time, cast to the engine's dtype and sent in buckets (``weight_stream.py``), so no
+  rank holds a full fp32 copy; other models send ``model.get_state_dict()``. With
   LoRA enabled (the default) vLLM keeps each linear layer it can adapt under ``.base_layer``; the
   names are mapped to those (:func:`lora_base_layer_names`) inside the engine. Under vLLM V1's
   default multiprocess engine ``apply_model`` pickles the callback to the engine process, which
@@ -45,6 +47,7 @@ from twinkle.sampler import (
     per_prompt_adapters,
 )
 from twinkle.sampler.base import Adapters, Prompts
+from twinkle_hf.sampler.weight_stream import DEFAULT_BUCKET_BYTES
 
 #: vLLM refuses to pickle anything across its engine-process boundary (``apply_model``'s callback) without it
 INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
@@ -122,12 +125,13 @@ class VLLMSampler(Sampler):
     ``model_id`` is what vLLM loads (a local directory or hub id); ``engine`` an existing ``vllm.LLM``
     (built from ``model_id`` and ``engine_kwargs`` on first use otherwise, with LoRA enabled for
     ``max_loras`` adapters of rank up to ``max_lora_rank``). ``adapter_dir`` holds the synced adapter
-    files (a temporary directory by default).
+    files (a temporary directory by default). A transformers model's full-weight sync goes in buckets of at
+    most ``sync_bucket_bytes`` in the engine's dtype (``weight_stream.py``).
     """
 
     def __init__(self, model_id: str | None = None, *, engine: Any = None, max_loras: int = 4,
                  max_lora_rank: int = 64, adapter_dir: str | None = None, api: Any = None,
-                 **engine_kwargs: Any) -> None:
+                 sync_bucket_bytes: int = DEFAULT_BUCKET_BYTES, **engine_kwargs: Any) -> None:
         if engine is None and model_id is None:
             raise ValueError("VLLMSampler needs model_id= (what vLLM loads) or engine= (a vllm.LLM).")
         self.api = api if api is not None else VLLMApi()
@@ -137,6 +141,7 @@ class VLLMSampler(Sampler):
         self.adapter_dir = Path(adapter_dir or tempfile.mkdtemp(prefix="twinkle-vllm-adapters-"))
         self.adapters: dict[str, AdapterVersion] = {}
         self._ids = itertools.count(1)
+        self.sync_bucket_bytes = sync_bucket_bytes
 
     @property
     def engine(self) -> Any:
@@ -206,6 +211,13 @@ class VLLMSampler(Sampler):
             version = next(self._ids)
             path = model.save(f"{name}-v{version}", output_dir=str(self.adapter_dir), adapter_name=adapter_name)
             self.sync_adapter(name, path, lora_id=version, _written_here=True)
+        elif hasattr(getattr(model, "backend", None), "hf_model"):  # a transformers model: streamed in buckets
+            from twinkle_hf.sampler.weight_stream import engine_dtype, weight_buckets
+
+            model._require_parallelized("sync_weights")
+            for bucket in weight_buckets(model.backend.hf_model(), engine_dtype(self.engine), self.sync_bucket_bytes):
+                self.load_weights(bucket, reset_cache=False)
+            self._reset_prefix_cache()
         else:
             self.load_weights(model.get_state_dict(adapter_name=adapter_name).items())
 
@@ -224,8 +236,9 @@ class VLLMSampler(Sampler):
             if old.written_here:
                 shutil.rmtree(old.path, ignore_errors=True)
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Copy full-model weights (HF names) into the engine in memory, then drop its stale prefix cache."""
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]], reset_cache: bool = True) -> None:
+        """Copy full-model weights (HF names) into the engine in memory, then (``reset_cache``) drop its stale
+        prefix cache; a sync in several buckets resets it once, after the last."""
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         if not weights:
             raise ValueError("load_weights got no tensors.")
@@ -238,6 +251,10 @@ class VLLMSampler(Sampler):
                 f"VLLMSampler(model_id) build the engine (it sets it), or run the engine in this process with "
                 f"{MULTIPROCESSING}=0.")
         engine.apply_model(_LoadWeights(weights))
+        if reset_cache:
+            self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
         reset = getattr(self.engine, "reset_prefix_cache", None)
         if reset is not None:
             reset()

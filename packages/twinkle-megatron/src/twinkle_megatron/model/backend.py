@@ -200,6 +200,10 @@ class MegatronBackend:
         The loss runs on the last pipeline stage and returns ``(loss sum, token count, report)``: with
         ``calculate_per_token_loss`` megatron back-propagates the sum. Gradient synchronisation waits for the
         accumulation boundary (``finalize_model_grads``), so several calls accumulate.
+
+        Returns ``(loss sum, token count)`` over every data- and context-parallel rank (the reported loss is
+        the mean over all of them, as on one process) and this rank's own token count: the boundary's
+        ``finalize_model_grads`` sums that over data x context ranks itself, so it must not be summed here.
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -226,19 +230,14 @@ class MegatronBackend:
         sums = torch.zeros(2, device=self.device)
         for report in results:
             sums += report["loss"].to(sums.device)
-        sums = self._stage_and_context_sum(sums)
-        return sums[0], sums[1].to(torch.int64)
+        if self.sizes.pp > 1:  # the loss lives on the last stage
+            from megatron.core import parallel_state as ps
 
-    def _stage_and_context_sum(self, sums: torch.Tensor) -> torch.Tensor:
-        """The loss sum and token count live on the last stage and on each CP rank: every rank gets the total."""
-        from megatron.core import parallel_state as ps
-
-        if self.sizes.pp > 1:
             collective.broadcast_(sums, src=ps.get_pipeline_model_parallel_last_rank(),
                                   group=ps.get_pipeline_model_parallel_group())
-        if self.sizes.cp > 1:
-            sums = collective.all_reduce(sums, group=ps.get_context_parallel_group())
-        return sums
+        own_items = sums[1].to(torch.int64)
+        total, items = self.data_sum(sums[0], sums[1])
+        return total, items.to(torch.int64), own_items
 
     def reference_logprobs(self, routes: Sequence[Route], batch: Mapping[str, Any]) -> torch.Tensor:
         """``ref_logprobs`` of the base model without the routes' adapters (no grad, eval mode, gathered logits)."""
@@ -274,13 +273,16 @@ class MegatronBackend:
         return loss
 
     def data_sum(self, total: torch.Tensor, items: Any) -> tuple[Any, Any]:
-        """(loss sum, items) over the context-parallel ranks (each holds part of every sequence)."""
+        """(loss sum, items) over the data- and context-parallel ranks (each CP rank holds part of every
+        sequence): the loss a call returns is the mean over all of them. One all-reduce, no host sync."""
         total = total.detach()
-        if self.sizes.cp == 1:
+        if self.sizes.cp * self.sizes.dp == 1:
             return total, items
         from megatron.core import parallel_state as ps
 
-        return tuple(collective.sum_values([total, items], group=ps.get_context_parallel_group()).unbind())
+        group = ps.get_data_parallel_group(with_context_parallel=True)
+        value, count = collective.sum_values([total, items], group=group).unbind()
+        return value, count.to(torch.promote_types(total.dtype, torch.float32))
 
     def grad_sync(self, on: bool) -> None:
         """Nothing: gradients are synchronised once, on the boundary (``finish_grads``)."""
