@@ -126,3 +126,39 @@ def test_packed_stream_from_yaml_auto_resumes_to_the_uninterrupted_weights(tmp_p
     assert_bitwise_equal(load_weights(parts / name), load_weights(tmp_path / "whole" / name))
     whole_losses, part_losses = _losses(tmp_path / "whole"), _losses(parts)
     assert part_losses == whole_losses and len(set(whole_losses.values())) == 5
+
+
+def test_toml_and_xtuner_dataloader_cfg_spell_the_same_options(tmp_path: Path) -> None:
+    from twinkle.trainer import Trainer, TrainerConfig
+    from twinkle.trainer.config import DataloaderConfig
+    from twinkle.trainer.data_options import pack_budget
+
+    toml = tmp_path / "job.toml"
+    toml.write_text('total_step = 3\n[dataset]\nstreaming = true\npacking_interval = 16\n'
+                    '[dataloader_cfg]\npack_max_length = 512\nshuffle_buffer = 64\n')
+    cfg = TrainerConfig.from_file(toml)
+    assert (cfg.dataset.streaming, cfg.dataset.packing_interval, pack_budget(cfg), cfg.dataloader.shuffle_buffer) == \
+        (True, 16, 512, 64)
+    # xtuner's keyword: pack_max_length alone packs, to its budget
+    trainer = Trainer(work_dir=str(tmp_path / "w"), total_step=1,
+                      dataloader_cfg=DataloaderConfig(pack_max_length=1024))
+    assert pack_budget(trainer.config) == 1024 and pack_budget(TrainerConfig.from_dict({"total_step": 1})) is None
+    assert pack_budget(TrainerConfig.from_dict({"total_step": 1, "dataset": {"packing": True, "max_length": 96}})) == 96
+
+
+def test_a_stream_of_several_sources_gives_the_rows_the_map_style_build_gives(tmp_path: Path) -> None:
+    """dataset_cfg's sources streamed (their first train_samples rows, concatenated, encoded as read) equal the
+    up-front build of the same sources, row for row."""
+    from twinkle.launch import TINY_MODEL
+    from twinkle.trainer import TrainerConfig
+    from twinkle.trainer.data_options import build_datasets
+
+    sources = [{"dataset": {"train_samples": 5, "name": "a"}}, {"dataset": {"train_samples": 7, "name": "b"}}]
+    eager = build_datasets(TrainerConfig.from_dict({"total_step": 1, "dataset_cfg": sources}), TINY_MODEL)[0]
+    stream, evals = build_datasets(TrainerConfig.from_dict(
+        {"total_step": 1, "dataset_cfg": sources, "dataset": {"streaming": True}}), TINY_MODEL)
+    assert getattr(stream, "is_stream", False) and evals is None
+    streamed = list(stream)
+    assert len(streamed) == len(eager) == 12
+    assert [r["input_ids"] for r in streamed] == [list(eager[i]["input_ids"]) for i in range(12)]
+    assert [r["labels"] for r in streamed] == [list(eager[i]["labels"]) for i in range(12)]
