@@ -162,3 +162,18 @@ def test_a_stream_of_several_sources_gives_the_rows_the_map_style_build_gives(tm
     assert len(streamed) == len(eager) == 12
     assert [r["input_ids"] for r in streamed] == [list(eager[i]["input_ids"]) for i in range(12)]
     assert [r["labels"] for r in streamed] == [list(eager[i]["labels"]) for i in range(12)]
+
+
+def test_a_stream_runs_on_into_its_next_epoch_and_hooks_are_told_which(tmp_path: Path) -> None:
+    """16 streamed rows in batches of 4: steps 1-4 are epoch 1, steps 5-6 epoch 2 (the stream reopened).
+
+    Each step's hook runs once. The stream's end is found only by reading on, so step 5's hook, run before
+    its batches are read, still sees epoch 1; step 6's sees epoch 2."""
+    from twinkle.trainer import Trainer
+
+    seen: list[tuple[int, int]] = []
+    result = Trainer(work_dir=str(tmp_path / "w"), total_step=6, global_batch_size=4, progress_bar=False,
+                     dataset={"train_samples": ROWS, "max_length": MAX_LENGTH, "streaming": True},
+                     hooks={"before_train_step": lambda step, epoch, **_: seen.append((step, epoch))}).fit()
+    assert result.step == 6
+    assert seen == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 2)]

@@ -128,8 +128,17 @@ def make_loader(cfg: TrainerConfig, train_set: Any, batch_size: int) -> Any:
     return DataLoader(train_set, batch_size=batch_size, shuffle=cfg.dataloader.shuffle, seed=cfg.seed, **extra)
 
 
-def epoch_of(loader: Any, train_set: Any) -> int:
-    """The 1-based epoch the loader's next batch belongs to (hooks get it)."""
+def epoch_of(loader: Any, train_set: Any, hooks: Any = None) -> int | None:
+    """The 1-based epoch the loader's next batch belongs to (hooks get it).
+
+    Over a stream it is known without reading ahead while the stream is open; right after a resume
+    placing the count may read the stream once to its end, so that is done only when ``hooks`` (the
+    Trainer's HooksConfig) has a hook to tell it to (None then: no hook is called).
+    """
     if loader.stream is not None:
+        from twinkle.trainer.groups import HOOK_EVENTS
+
+        if hooks is not None and not any(hooks.get_hooks(event) for event in HOOK_EVENTS):
+            return None
         return loader.epoch + 1
     return loader.get_state()["consumed_train_samples"] // max(len(train_set), 1) + 1

@@ -215,11 +215,13 @@ class Trainer:
         self.exports = HFExports(self)
         last_loss, last_ckpt = state.get("last_loss"), str(resumed_from) if resumed_from else None
         previous = signal.signal(signal.SIGINT, self._on_sigint) if _main_thread() else None
+        announced = 0  # the step whose before_train_step hooks ran
         try:
             while group.cur_step < total and not self._stop_requested:
                 step_started, step_before, step = time.perf_counter(), group.cur_step, group.cur_step + 1
-                if group.micro_step == 0:
-                    self._epoch = data_options.epoch_of(loader, train_set)
+                if group.micro_step == 0 and announced != step:  # once: a stream's epoch end is found on reading
+                    announced = step
+                    self._epoch = data_options.epoch_of(loader, train_set, cfg.hooks)
                     self._call("before_train_step", step, total_step=total)
                 with profiler.step(step), tools.probing(step):
                     batches = tools.run_window(loader, window)
