@@ -66,6 +66,12 @@ def _train(r: Result) -> dict[str, float]:
             "cpu_seconds": r.cpu_seconds}
 
 
+def _packed(r: Result) -> dict[str, float]:
+    report = r.find(r"packed (\d+) rows into (\d+) packs of <= (\d+) tokens \(fill ratio ([\d.]+)\)")
+    return {**_train(r), "rows": float(report.group(1)), "packs": float(report.group(2)),
+            "fill_ratio": float(report.group(4))}
+
+
 def _load(r: Result) -> dict[str, float]:
     chat = r.find(r"^user\nwho are you\?\nassistant\n(.+)$")
     return {"answer_characters": float(len(chat.group(1)))}
@@ -113,7 +119,8 @@ def _ok(r: Result) -> dict[str, float]:
 
 #: run name -> what it measures from the run's output (and the output's shape it asserts on the way)
 MEASURES: dict[str, Callable[[Result], dict[str, float]]] = {
-    "train": _train, "plot": _plot, "load": _load, "grpo": _grpo, "dpo": _dpo, "vl": _vl, "client": _client,
+    "train": _train, "packed": _packed, "plot": _plot, "load": _load, "grpo": _grpo, "dpo": _dpo, "vl": _vl,
+    "client": _client,
     "server-key": _ok, "server": _ok, "train-help": _ok,
 }
 

@@ -18,6 +18,7 @@ from twinkle.config import Config, ConfigError, build, from_mapping, load_file, 
 from twinkle.config.schema import norm
 from twinkle.constants import TRUNCATION_STRATEGIES
 from twinkle.launch import TINY_MODEL, InfraConfig, ModelConfig
+from twinkle.trainer.data_options import check_data_options
 from twinkle.trainer.groups import (
     FSDPConfig,
     HooksConfig,
@@ -188,6 +189,11 @@ class DatasetConfig(Config):
     enable_sequential_sampler: bool = opt(False, "the sampled rest of sample_ratio is the first rows, not a random "
                                                  "sample")
     combine: Any = opt(None, "several sources (a list of DatasetCombine; dataset_cfg=[...] sets it)")
+    streaming: bool = opt(False, "read the training rows as a stream, mapped and encoded as they are needed (never "
+                                 "all in memory); needs total_step")
+    packing: bool = opt(False, "bin-pack the encoded training rows into packs of up to dataloader.pack_max_length "
+                               "tokens (default: max_length); a batch then counts packs")
+    packing_interval: int = opt(128, "streaming + packing: rows read into each packing buffer", min=1)
 
     def check(self) -> None:
         if self.combine is None:
@@ -246,6 +252,10 @@ class DataloaderConfig(Config):
     pack_to_max_length: bool = opt(False, "pack each micro-batch's rows into one row (padding-free; needs an "
                                           "attention that separates sequences)")
     dataset_config_list: Any = opt(None, "xtuner's place for dataset_cfg's list (= dataset.combine)")
+    pack_max_length: int | None = opt(None, "tokens per pack (xtuner's); setting it packs the rows, as "
+                                            "dataset.packing does", min=1)
+    shuffle_buffer: int | None = opt(None, "dataset.streaming: rows in the seeded shuffle buffer (none: 1000; 0: "
+                                           "the stream's order)", min=0)
 
 
 @dataclass
@@ -416,6 +426,7 @@ class TrainerConfig(Config):
         if self.dataset.combine and self.dataset.eval_samples and not self.dataset.eval_dataset_id:
             raise ConfigError("dataset.eval_samples: with several sources (dataset_cfg) name the evaluation data in "
                               "dataset.eval_dataset_id.")
+        check_data_options(self)
     # ------------------------------------------------------------ construction
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainerConfig:

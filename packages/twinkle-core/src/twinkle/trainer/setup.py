@@ -136,14 +136,14 @@ def batching(cfg: TrainerConfig, data_parallel: int) -> tuple[int, int]:
     return gas, rows
 
 
-def build_datasets(cfg: TrainerConfig, model_id: str) -> tuple[Any, Any]:
+def build_datasets(cfg: TrainerConfig, model_id: str, train_type: Any = None) -> tuple[Any, Any]:
     """The training set (one source, or ``dataset_cfg``'s sources each taken ``sample_ratio`` times) and the
-    evaluation set (or None)."""
+    evaluation set (or None); ``train_type`` builds the training set (default: Dataset)."""
     data = cfg.dataset
     sources = data.sources()
     if len(sources) == 1 and sources[0] is data and data.sample_ratio == 1.0:
         train_rows, eval_rows = split_rows(cfg)
-        train = build_dataset(cfg, model_id, [(data, train_rows)])
+        train = build_dataset(cfg, model_id, [(data, train_rows)], dataset_type=train_type)
         evals = build_dataset(cfg, model_id, [(data, eval_rows)], data.eval_dataset_id) if eval_rows is not None \
             else None
         return train, evals
@@ -151,7 +151,7 @@ def build_datasets(cfg: TrainerConfig, model_id: str) -> tuple[Any, Any]:
     evals = None
     if data.eval_dataset_id and data.eval_samples:
         evals = build_dataset(cfg, model_id, [(data, range(data.eval_samples))], data.eval_dataset_id)
-    return build_dataset(cfg, model_id, picked), evals
+    return build_dataset(cfg, model_id, picked, dataset_type=train_type), evals
 
 
 def sampled_rows(source: Any, seed: int) -> list[int]:
@@ -174,14 +174,15 @@ def sampled_rows(source: Any, seed: int) -> list[int]:
     return picked[:target]
 
 
-def build_dataset(cfg: TrainerConfig, model_id: str, sources: list[tuple[Any, Any]], dataset_id: str | None = None
-                  ) -> Any:
-    """One Dataset of ``sources`` (``(DatasetConfig, rows or None)``, concatenated), preprocessed and encoded."""
+def build_dataset(cfg: TrainerConfig, model_id: str, sources: list[tuple[Any, Any]], dataset_id: str | None = None,
+                  dataset_type: Any = None) -> Any:
+    """One Dataset of ``sources`` (``(DatasetConfig, rows or None)``, concatenated), preprocessed and encoded;
+    ``dataset_type`` (default Dataset) makes the empty dataset: a PackingDataset, an IterableDataset..."""
     from twinkle.dataset import Dataset, DatasetMeta
     from twinkle.registry import resolve
 
     template, max_length, truncation = cfg.dataset.encoding()
-    dataset = Dataset()
+    dataset = (dataset_type or Dataset)()
     metas = []
     for source, rows in sources:
         meta = DatasetMeta(str(dataset_id or source.dataset_id), data_slice=rows)
@@ -237,6 +238,7 @@ def build_model(cfg: TrainerConfig, model_config: Any, optim_config: Any, model_
     """The configured model (:func:`twinkle.launch.build_model`), then template, adapter, processor, optimizer
     and loss; ``accumulation``: the micro-batches (sub-batches) one optimizer step takes."""
     from twinkle.launch import build_model as build
+    from twinkle.trainer.data_options import pack_budget
 
     extra: dict[str, Any] = {}
     if cfg.fsdp.reshard_after_forward is not None:  # FSDPConfig's, for native FSDP2 (fsdp_config of the model)
@@ -254,7 +256,7 @@ def build_model(cfg: TrainerConfig, model_config: Any, optim_config: Any, model_
         lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                           target_modules=cfg.lora_targets(), modules_to_save=cfg.lora.modules_to_save)
         model.add_adapter_to_model(adapter, lora, gradient_accumulation_steps=accumulation)
-    if cfg.dataloader.pack_to_max_length:
+    if cfg.dataloader.pack_to_max_length or pack_budget(cfg) is not None:  # packs: each row keeps its positions
         model.set_processor("InputProcessor", padding_free=True, adapter_name=adapter)
     model.set_optimizer(optim_config.name, adapter_name=adapter, **optim_config.optimizer_kwargs())
     name, kwargs, _ = cfg.loss.resolved()

@@ -18,7 +18,7 @@ from typing import Any
 from twinkle import collective, launch
 from twinkle.config import ConfigError
 from twinkle.log import get_logger
-from twinkle.trainer import setup, store, workdir
+from twinkle.trainer import data_options, setup, store, workdir
 from twinkle.trainer.config import TrainerConfig
 from twinkle.trainer.export import HFExports
 from twinkle.trainer.lock import WorkDirLock, lock_work_dir
@@ -180,7 +180,6 @@ class Trainer:
 
     def _fit(self) -> FitResult:
         from twinkle import registry
-        from twinkle.dataloader import DataLoader
 
         cfg, started = self.config, time.perf_counter()
         runtime = launch.start(cfg.infra, cfg.seed, backend=cfg.backend)
@@ -190,10 +189,9 @@ class Trainer:
         if self.is_main:
             store.clean_stale(self.ckpt_root)
         model_id, init_ckpt = setup.model_source(cfg)
-        train_set, eval_set = setup.build_datasets(cfg, model_id)
-        loader = DataLoader(train_set, batch_size=self.rows_per_micro_batch, shuffle=cfg.dataloader.shuffle,
-                            seed=cfg.seed)
-        if len(loader) == 0:
+        train_set, eval_set = data_options.build_datasets(cfg, model_id)
+        loader = data_options.make_loader(cfg, train_set, self.rows_per_micro_batch)
+        if loader.stream is None and len(loader) == 0:  # a stream's length is unknown (total_step is required)
             raise ConfigError(f"global_batch_size: a micro-batch of {self.rows_per_micro_batch} rows is larger than "
                               f"the {len(train_set)} training rows; lower it or use more data.")
         total = cfg.total_step or max(len(loader) // self.gas, 1) * cfg.total_epoch
@@ -219,11 +217,13 @@ class Trainer:
         self.exports = HFExports(self)
         last_loss, last_ckpt = state.get("last_loss"), str(resumed_from) if resumed_from else None
         previous = signal.signal(signal.SIGINT, self._on_sigint) if _main_thread() else None
+        announced = 0  # the step whose before_train_step hooks ran
         try:
             while group.cur_step < total and not self._stop_requested:
                 step_started, step_before, step = time.perf_counter(), group.cur_step, group.cur_step + 1
-                if group.micro_step == 0:
-                    self._epoch = loader.get_state()["consumed_train_samples"] // max(len(train_set), 1) + 1
+                if group.micro_step == 0 and announced != step:  # once: a stream's epoch end is found on reading
+                    announced = step
+                    self._epoch = data_options.epoch_of(loader, train_set, cfg.hooks)
                     self._call("before_train_step", step, total_step=total)
                 with profiler.step(step), tools.probing(step):
                     batches = tools.run_window(loader, window)
