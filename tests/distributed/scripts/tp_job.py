@@ -37,14 +37,14 @@ def lora_config() -> Any:
     return LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0, init_lora_weights="gaussian")
 
 
-def build(lora: bool) -> Any:
+def build(lora: bool, family: str = "qwen2") -> Any:
     from twinkle import DeviceMesh
     from twinkle.model import TransformersModel
 
     n = world()
     mesh = DeviceMesh.from_sizes(tp_size=n, world_size=n) if n > 1 else None
     torch.manual_seed(0)
-    model = TransformersModel(config=tiny_config("qwen2"), device_mesh=mesh, mixed_precision="no")
+    model = TransformersModel(config=tiny_config(family), device_mesh=mesh, mixed_precision="no")
     adapter = None
     if lora:
         adapter = "a"
@@ -64,17 +64,22 @@ def layer_bytes(model: Any) -> int:
     return total
 
 
-def run(lora: bool, out: Path | None) -> dict[str, Any]:
+def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int = 1) -> dict[str, Any]:
+    """Train STEPS steps (each of ``accumulation`` micro-batches of ROWS / accumulation rows)."""
     from twinkle.collective import full_tensor
 
-    model, adapter = build(lora)
+    model, adapter = build(lora, family)
     group = model._group(adapter)
     names = {id(p): n for n, p in model.model.named_parameters()}
     initial = {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
     losses, norms = [], []
     for step in range(STEPS):
         batch = make_batch(100 + step, rows=ROWS, length=SEQ)
-        losses.append(float(model.forward_backward(inputs=batch, adapter_name=adapter)))
+        chunk = ROWS // accumulation
+        for i in range(accumulation):
+            micro = {k: v[i * chunk:(i + 1) * chunk] for k, v in batch.items()}
+            losses.append(float(model.forward_backward(inputs=micro, adapter_name=adapter,
+                                                       gradient_accumulation_steps=accumulation)))
         model.clip_grad_and_step(max_grad_norm=1e9, adapter_name=adapter)
         norms.append(model.calculate_metric(is_training=True, adapter_name=adapter)["grad_norm"])
     params = {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
@@ -85,13 +90,15 @@ def run(lora: bool, out: Path | None) -> dict[str, Any]:
               "held_out": held_out, "layer_bytes": layer_bytes(model),
               "state_is_full": all(not hasattr(v, "to_local") for v in state.values()),
               "state_keys": sorted(state), "wrapped": model.backend.dist_plan.kind}
-    if out is not None:
+    if out is not None and family == "qwen2":
         result["export"] = model.save("export_lora" if lora else "export_full", output_dir=str(out),
                                       adapter_name=adapter)
     return result
 
 
-SCENARIOS = {"tp_full": lambda out: run(False, out), "tp_lora": lambda out: run(True, out)}
+SCENARIOS = {"tp_full": lambda out: run(False, out), "tp_lora": lambda out: run(True, out),
+             # Qwen3's per-head q_norm/k_norm: partial gradients, summed per micro-batch
+             "tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2)}
 
 
 def main() -> None:

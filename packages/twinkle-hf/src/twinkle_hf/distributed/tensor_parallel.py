@@ -32,6 +32,8 @@ import torch
 
 #: the styles a LoRA-wrapped layer can take (peft shards adapters on these two only)
 LORA_STYLES = ("colwise", "rowwise")
+#: a replicated parameter whose gradient each rank holds only part of (Qwen3's per-head q_norm/k_norm)
+PARTIAL_GRAD = "replicated_with_grad_allreduce"
 
 
 def resolve_plan(hf_model: torch.nn.Module, tp_size: int, override: dict[str, str] | None = None) -> dict[str, str]:
@@ -100,14 +102,36 @@ def apply(module: torch.nn.Module, hf_model: torch.nn.Module, plan: dict[str, st
             placed[f"{owner}.base_layer.{leaf}"] = style
         else:
             placed[name] = style
+    partial = [modules[n] for n, s in placed.items() if s == PARTIAL_GRAD and n in modules]
+    placed = {n: s for n, s in placed.items() if s != PARTIAL_GRAD}
     unsupported = sorted(f"{n} ({s})" for n, s in wrapped.items() if s not in LORA_STYLES)
     if unsupported:
         raise ValueError(f"LoRA on {unsupported[:3]} cannot be tensor-parallel: peft shards adapters on "
                          f"{' and '.join(LORA_STYLES)} layers only. Leave these modules out of target_modules.")
     apply_tensor_parallelism(hf_model, tp_mesh, placed)
+    for module in partial:
+        for param in module.parameters(recurse=False):
+            param.register_hook(_summed_over(tp_mesh.get_group()))
     for name, style in wrapped.items():
         _shard_adapters(modules[name], style, tp_mesh, name)
     check_sharded(hf_model, plan)
+
+
+def _summed_over(group: Any) -> Any:
+    """A gradient hook summing each backward's gradient over ``group`` before it is accumulated.
+
+    transformers' own style for these parameters all-reduces ``param.grad`` after accumulation, which
+    sums the earlier micro-batches' (already complete) gradients again under gradient accumulation; a
+    tensor hook reduces only what this backward adds.
+    """
+    import torch.distributed as dist
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=group)
+        return grad
+
+    return hook
 
 
 def _shard_adapters(layer: Any, style: str, tp_mesh: Any, name: str) -> None:

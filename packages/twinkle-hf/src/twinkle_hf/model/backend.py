@@ -243,8 +243,9 @@ class HFBackend:
         factor = group.grad_rescale()
         if factor is not None:
             grads = [p.grad for p in self._optimizer_params(group) if p.grad is not None]
-            if grads:
-                torch._foreach_mul_(grads, factor)
+            # tensor parallelism mixes DTensor and plain gradients, which one foreach call refuses
+            for kind in {type(g) for g in grads}:
+                torch._foreach_mul_([g for g in grads if type(g) is kind], factor)
 
     def _agree_found_inf(self, group: OptimizerGroup) -> None:
         """fp16: every rank's scaler sees an inf/NaN that any rank's gradient shard holds.
