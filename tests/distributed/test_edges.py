@@ -53,7 +53,7 @@ EXPECTED = {
     "mesh_size": "ValueError: The DeviceMesh covers dp=4 x fsdp=1 = 4 processes but 2 were launched",
     "fsdp_not_dividing": "ValueError: fsdp_size=3 does not divide the world size 2",
     "from_sizes_fsdp": "ValueError: DeviceMesh: world size 2 is not divisible by fsdp*tp*pp*cp=3",
-    "tp_mesh": "ValueError: TransformersModel shards over dp and fsdp only; the mesh has {'tp': 2}",
+    "cp_mesh": "ValueError: TransformersModel shards over dp, fsdp and tp only; the mesh has {'cp': 2}",
     "batch_not_divisible": "DataError: batch_size=3 is global and must divide evenly over the 2 data-parallel ranks",
     "unknown_strategy": "ValueError: strategy='deepspeed' is not one of accelerate, native_fsdp.",
     "adapter_after_wrap": "RuntimeError: add_adapter_to_model('late') after the model was wrapped",

@@ -16,18 +16,23 @@ from twinkle.utils.checks import check_choice
 logger = get_logger("twinkle_hf")
 
 STRATEGIES = ("accelerate", "native_fsdp")
-#: What the plan decided: no wrapping, torch DDP, native FSDP2 (maybe HSDP), accelerate's FSDP2.
-KINDS = ("none", "ddp", "fsdp2", "accelerate_fsdp2")
+#: What the plan decided: no wrapping, torch DDP, native FSDP2 (maybe HSDP), accelerate's FSDP2, tensor parallel.
+KINDS = ("none", "ddp", "fsdp2", "accelerate_fsdp2", "tp")
 
 
 @dataclass(frozen=True)
 class DistributedPlan:
-    """The wrapping of one model and the mesh it spans (``distributed``, ``sharded``, ``hsdp`` derived once)."""
+    """The wrapping of one model and the mesh it spans (``distributed``, ``sharded``, ``hsdp`` derived once).
+
+    ``sharded`` means FSDP2 (parameters sharded over the data ranks); a tensor-parallel plan shards the
+    layers' weights instead and reads the same data on all its ``tp_size`` ranks (``data_size`` replicas).
+    """
 
     kind: str
     world_size: int
     dp_size: int = 1
     fsdp_size: int = 1
+    tp_size: int = 1
     distributed: bool = field(init=False)
     sharded: bool = field(init=False)
     hsdp: bool = field(init=False)
@@ -37,6 +42,11 @@ class DistributedPlan:
         object.__setattr__(self, "distributed", self.kind != "none")
         object.__setattr__(self, "sharded", sharded)
         object.__setattr__(self, "hsdp", sharded and self.dp_size > 1 and self.fsdp_size > 1)
+
+    @property
+    def data_size(self) -> int:
+        """How many different batches one step sees: the ranks that do not share their data (dp x fsdp)."""
+        return self.world_size // self.tp_size
 
 
 def env_world_size() -> int:
@@ -51,11 +61,12 @@ def make_plan(strategy: str, mesh: DeviceMesh | None, world_size: int | None = N
         mesh = DeviceMesh.from_sizes(world_size=world)
     if not isinstance(mesh, DeviceMesh):
         raise TypeError(f"device_mesh must be a twinkle DeviceMesh, got {type(mesh).__name__}.")
-    others = {d: mesh.size(d) for d in ("tp", "pp", "cp") if mesh.size(d) > 1}
+    others = {d: mesh.size(d) for d in ("pp", "cp") if mesh.size(d) > 1}
     if others:
-        raise ValueError(f"TransformersModel shards over dp and fsdp only; the mesh has {others}. Use "
-                         "MegatronModel (twinkle-megatron) for tensor/pipeline/context parallelism, or set those "
-                         "sizes to 1.")
+        raise ValueError(f"TransformersModel shards over dp, fsdp and tp only; the mesh has {others}. Use "
+                         "MegatronModel (twinkle-megatron) for pipeline/context parallelism, or set those sizes to 1.")
+    if mesh.tp_size > 1:
+        return _tp_plan(mesh, world)
     if world % mesh.fsdp_size:
         raise ValueError(f"fsdp_size={mesh.fsdp_size} does not divide the world size {world}; pick an fsdp_size "
                          f"that divides {world} (e.g. {world}) or launch a multiple of {mesh.fsdp_size} processes.")
@@ -74,6 +85,23 @@ def make_plan(strategy: str, mesh: DeviceMesh | None, world_size: int | None = N
                     "FSDP2 (fully_shard over a 2-D mesh); fsdp_config takes its keys.", mesh.dp_size, mesh.fsdp_size)
         kind = "fsdp2"
     return DistributedPlan(kind, world, dp_size=mesh.dp_size, fsdp_size=mesh.fsdp_size)
+
+
+def _tp_plan(mesh: DeviceMesh, world: int) -> DistributedPlan:
+    """Tensor parallelism over the whole world; composed with dp/fsdp it is refused (not built yet)."""
+    if mesh.dp_size * mesh.fsdp_size > 1:
+        raise ValueError(f"TransformersModel runs tensor parallelism over every rank only: tp_size={mesh.tp_size} "
+                         f"with dp_size={mesh.dp_size} x fsdp_size={mesh.fsdp_size} (tp x dp/fsdp) is not supported "
+                         f"yet. Use DeviceMesh.from_sizes(tp_size={world}) on {world} processes, or fsdp_size="
+                         f"{mesh.world_size} without tp to shard over every rank.")
+    if mesh.sequence_parallel:
+        raise ValueError("TransformersModel does not run sequence_parallel=True with tp (activations stay "
+                         "replicated between the layers); set sequence_parallel=False.")
+    if mesh.world_size != world:
+        raise ValueError(f"The DeviceMesh covers tp={mesh.tp_size} = {mesh.world_size} processes but {world} were "
+                         f"launched (WORLD_SIZE). Launch {mesh.tp_size} processes, or use "
+                         f"DeviceMesh.from_sizes(tp_size={world}).")
+    return DistributedPlan("tp", world, tp_size=mesh.tp_size)
 
 
 def check_process_group(plan: DistributedPlan) -> None:

@@ -190,6 +190,9 @@ def parallelize(backend: Any) -> None:
     if not plan.distributed:
         return
     hf = backend.hf_model()
+    if plan.kind == "tp":
+        _parallelize_tp(backend, hf)
+        return
     full_state = kept = None
     if backend.memory_efficient_pending:
         from twinkle_hf.distributed import meminit
@@ -223,3 +226,14 @@ def parallelize(backend: Any) -> None:
         backend.vision = VisionLockstep(backend)
     get_logger("twinkle_hf").info("wrapped for %s (world %d, layers %s)", plan.kind, plan.world_size,
                                   backend.layer_classes)
+
+
+def _parallelize_tp(backend: Any, hf: torch.nn.Module) -> None:
+    """Tensor parallelism: transformers' plan on the ``tp`` mesh; the data group becomes the dp ranks."""
+    from twinkle import collective
+    from twinkle_hf.distributed import tensor_parallel
+
+    tp_mesh, data_group = tensor_parallel.torch_tp_mesh(backend.device_mesh, backend.device.type)
+    tensor_parallel.apply(backend.module, hf, backend.tp_plan, tp_mesh)
+    collective.set_data_group(data_group)  # losses, token counts and metrics: not summed over the tp ranks
+    backend.layer_classes = []

@@ -82,6 +82,8 @@ class HFBackend:
         self.vision: Any = None
         #: the model's optimizer groups (the facade's), for what reads their templates
         self.groups: dict[str, OptimizerGroup] = {}
+        #: tensor parallelism: transformers' plan resolved for this model (applied by ``parallelize``)
+        self.tp_plan: dict[str, str] | None = None
 
     # ============================================================== structure
     @property
@@ -90,8 +92,12 @@ class HFBackend:
 
     @property
     def grad_multiplier(self) -> int | None:
-        """DDP and FSDP2 average gradients over the data ranks; the loss is scaled back by that many."""
-        return self.dist_plan.world_size if self.dist_plan.distributed else None
+        """DDP and FSDP2 average gradients over the data ranks; the loss is scaled back by that many.
+
+        Tensor-parallel ranks share their batch and average nothing: only the data ranks count.
+        """
+        plan = self.dist_plan
+        return plan.data_size if plan.distributed and plan.kind != "tp" else None
 
     def hf_model(self) -> torch.nn.Module:
         """The transformers model underneath any peft wrapper (LoRA layers stay injected in it)."""
@@ -237,8 +243,9 @@ class HFBackend:
         factor = group.grad_rescale()
         if factor is not None:
             grads = [p.grad for p in self._optimizer_params(group) if p.grad is not None]
-            if grads:
-                torch._foreach_mul_(grads, factor)
+            # tensor parallelism mixes DTensor and plain gradients, which one foreach call refuses
+            for kind in {type(g) for g in grads}:
+                torch._foreach_mul_([g for g in grads if type(g) is kind], factor)
 
     def _agree_found_inf(self, group: OptimizerGroup) -> None:
         """fp16: every rank's scaler sees an inf/NaN that any rank's gradient shard holds.
@@ -255,6 +262,10 @@ class HFBackend:
 
     def clip(self, group: OptimizerGroup, max_norm: float, norm_type: float) -> float:
         params = [p for p in self._optimizer_params(group) if p.grad is not None]
+        if self.dist_plan.kind == "tp":  # DTensor shards and replicated plain gradients in one norm
+            from twinkle_hf.distributed.tensor_parallel import clip_grad_norm
+
+            return clip_grad_norm(params, max_norm, norm_type)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
         # FSDP2: gradients are DTensor shards and the norm a DTensor over all of them (the same on every rank)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -340,7 +351,8 @@ class HFBackend:
                  f"mixed_precision: {self.mixed_precision} | strategy: {self.strategy}"]
         if plan.distributed:
             lines.append(f"  distributed: {plan.kind} over {plan.world_size} ranks (dp={plan.dp_size}, "
-                         f"fsdp={plan.fsdp_size}{', HSDP' if plan.hsdp else ''}); wrapped: {self.wrapped}")
+                         f"fsdp={plan.fsdp_size}, tp={plan.tp_size}{', HSDP' if plan.hsdp else ''}); "
+                         f"wrapped: {self.wrapped}")
         return lines
 
     def describe_group(self, group: OptimizerGroup) -> list[str]:

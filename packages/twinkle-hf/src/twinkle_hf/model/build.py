@@ -53,6 +53,9 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
     device = process_device()
     precision = plan_precision(mixed_precision, device.type, fp8_provider="torchao.fp8")  # TE wraps no HF layer
     precision.make_grad_scaler(grad_scaler_config)  # validates the config before loading anything
+    if plan.kind == "tp" and memory_efficient_init:
+        raise ValueError("memory_efficient_init=True is not supported with tp_size > 1 (every tensor-parallel rank "
+                         "loads the weights and keeps its slices); drop memory_efficient_init.")
     rank0_only = memory_efficient_init and plan.distributed
     module = weights_dir = None
     if plan.sharded and meta_ok and model_id is not None and precision.provider is None:
@@ -71,7 +74,14 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
         module = precision.provider.prepare_model(module)
     if not on_meta(module) and not plan.sharded:
         module = module.to(device)
-    return HFBackend(module, model_id=model_id, model_path=path, device=device, precision=precision, plan=plan,
+    tp_plan = None
+    if plan.kind == "tp":  # resolved before peft wraps any layer (the plan names the plain modules)
+        from twinkle_hf.distributed.tensor_parallel import resolve_plan
+
+        tp_plan = resolve_plan(module, plan.tp_size)
+    backend = HFBackend(module, model_id=model_id, model_path=path, device=device, precision=precision, plan=plan,
                      mesh=mesh, mixed_precision=mixed_precision, strategy=strategy, ddp_config=dict(ddp_config or {}),
                      fsdp_config=dict(fsdp_config or {}), grad_scaler_config=dict(grad_scaler_config or {}),
                      weights_dir=weights_dir, memory_efficient_pending=rank0_only)
+    backend.tp_plan = tp_plan
+    return backend

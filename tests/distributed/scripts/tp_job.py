@@ -1,0 +1,122 @@
+"""Tensor-parallel training scenarios, run under torchrun (tp=2) and in one process (the reference).
+
+Usage: torchrun --nproc_per_node=2 tp_job.py OUT_DIR SCENARIO [SCENARIO ...]
+Writes OUT_DIR/<scenario>.rank<r>.pt, or OUT_DIR/<scenario>.rank<r>.error with the traceback. Every rank
+trains on the whole batch (tensor-parallel ranks share their data) under SGD, and returns its losses,
+grad norms, trained parameters (full tensors), logits on a held-out batch, its decoder layers' parameter
+bytes and, on rank 0, the path of the HF export it saved.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hf"))
+
+from hf_testing import make_batch, tiny_config  # noqa: E402
+
+STEPS, ROWS, SEQ, LR = 3, 4, 12, 0.5
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def lora_config() -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0, init_lora_weights="gaussian")
+
+
+def build(lora: bool, family: str = "qwen2") -> Any:
+    from twinkle import DeviceMesh
+    from twinkle.model import TransformersModel
+
+    n = world()
+    mesh = DeviceMesh.from_sizes(tp_size=n, world_size=n) if n > 1 else None
+    torch.manual_seed(0)
+    model = TransformersModel(config=tiny_config(family), device_mesh=mesh, mixed_precision="no")
+    adapter = None
+    if lora:
+        adapter = "a"
+        torch.manual_seed(1)
+        model.add_adapter_to_model(adapter, lora_config())
+    model.set_optimizer("SGD", lr=LR, adapter_name=adapter)
+    return model, adapter
+
+
+def layer_bytes(model: Any) -> int:
+    """Bytes of the decoder layers' parameters this rank holds (a DTensor's local shard only)."""
+    total = 0
+    for name, param in model.model.named_parameters():
+        if ".layers." in name:
+            local = param.to_local() if hasattr(param, "to_local") else param
+            total += local.numel() * local.element_size()
+    return total
+
+
+def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int = 1) -> dict[str, Any]:
+    """Train STEPS steps (each of ``accumulation`` micro-batches of ROWS / accumulation rows)."""
+    from twinkle.collective import full_tensor
+
+    model, adapter = build(lora, family)
+    group = model._group(adapter)
+    names = {id(p): n for n, p in model.model.named_parameters()}
+    initial = {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
+    losses, norms = [], []
+    for step in range(STEPS):
+        batch = make_batch(100 + step, rows=ROWS, length=SEQ)
+        chunk = ROWS // accumulation
+        for i in range(accumulation):
+            micro = {k: v[i * chunk:(i + 1) * chunk] for k, v in batch.items()}
+            losses.append(float(model.forward_backward(inputs=micro, adapter_name=adapter,
+                                                       gradient_accumulation_steps=accumulation)))
+        model.clip_grad_and_step(max_grad_norm=1e9, adapter_name=adapter)
+        norms.append(model.calculate_metric(is_training=True, adapter_name=adapter)["grad_norm"])
+    params = {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
+    held_out = make_batch(999, rows=2, length=SEQ)
+    logits = model.forward_only(inputs=held_out, adapter_name=adapter)["logits"].detach().clone()
+    state = model.get_state_dict(adapter_name=adapter)
+    result = {"losses": losses, "grad_norms": norms, "params": params, "initial": initial, "logits": logits,
+              "held_out": held_out, "layer_bytes": layer_bytes(model),
+              "state_is_full": all(not hasattr(v, "to_local") for v in state.values()),
+              "state_keys": sorted(state), "wrapped": model.backend.dist_plan.kind}
+    if out is not None and family == "qwen2":
+        result["export"] = model.save("export_lora" if lora else "export_full", output_dir=str(out),
+                                      adapter_name=adapter)
+    return result
+
+
+SCENARIOS = {"tp_full": lambda out: run(False, out), "tp_lora": lambda out: run(True, out),
+             # Qwen3's per-head q_norm/k_norm: partial gradients, summed per micro-batch
+             "tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2)}
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    import twinkle
+
+    out, names = Path(sys.argv[1]), sys.argv[2:]
+    twinkle.initialize(seed=0, timeout_s=120)
+    rank = dist.get_rank()
+    for name in names:
+        try:
+            result = SCENARIOS[name](out)
+        except Exception:
+            (out / f"{name}.rank{rank}.error").write_text(traceback.format_exc())
+            raise
+        torch.save(result, out / f"{name}.rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()
