@@ -18,7 +18,7 @@ from twinkle.config import Config, ConfigError, build, from_mapping, load_file, 
 from twinkle.config.schema import norm
 from twinkle.constants import TRUNCATION_STRATEGIES
 from twinkle.launch import TINY_MODEL, InfraConfig, ModelConfig
-from twinkle.trainer.data_options import check_data_options
+from twinkle.trainer.data_checks import check_data_options
 from twinkle.trainer.groups import (
     FSDPConfig,
     HooksConfig,

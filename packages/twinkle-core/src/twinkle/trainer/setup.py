@@ -238,7 +238,7 @@ def build_model(cfg: TrainerConfig, model_config: Any, optim_config: Any, model_
     """The configured model (:func:`twinkle.launch.build_model`), then template, adapter, processor, optimizer
     and loss; ``accumulation``: the micro-batches (sub-batches) one optimizer step takes."""
     from twinkle.launch import build_model as build
-    from twinkle.trainer.data_options import pack_budget
+    from twinkle.trainer.data_checks import pack_budget
 
     extra: dict[str, Any] = {}
     if cfg.fsdp.reshard_after_forward is not None:  # FSDPConfig's, for native FSDP2 (fsdp_config of the model)
