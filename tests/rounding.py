@@ -52,6 +52,10 @@ class Shape:
         layer += 2 * self.hidden  # the two RMSNorms
         return self.extra + self.layers * layer + 2 * self.hidden + self.vocab + self.tokens
 
+    def forward_bound(self) -> float:
+        """Relative difference of a forward's loss or logits between two summation orders."""
+        return LAMBDA_2 * U * math.sqrt(self.forward_terms())
+
     def step_bound(self) -> float:
         """Relative difference of one step's loss or gradient between two summation orders."""
         return LAMBDA_2 * U * math.sqrt(3 * self.forward_terms() + self.tokens)
@@ -61,3 +65,31 @@ class Shape:
 #: ``rows`` rows of at most ``seq`` tokens.
 def tiny_qwen(seq: int, rows: int) -> Shape:
     return Shape(hidden=64, intermediate=128, head_dim=16, layers=2, vocab=2590, seq=seq, tokens=seq * rows)
+
+
+#: The tests' ``hf_testing.tiny_config`` models (hidden 64, MLP 128, head_dim 16, 2 layers, vocab 128); ``extra``
+#: for terms a variant adds along the path (a LoRA adds ``r`` per adapted projection: 7 per layer at most).
+def tiny_hf(seq: int, rows: int, vocab: int = 128, extra: int = 0) -> Shape:
+    return Shape(hidden=64, intermediate=128, head_dim=16, layers=2, vocab=vocab, seq=seq, tokens=seq * rows,
+                 extra=extra)
+
+
+#: Terms every LoRA (rank at most 16) can add along a forward of the tiny models: 7 projections x 2 layers x 16.
+LORA_TERMS = 7 * 2 * 16
+
+
+def chain_bound(*lengths: int) -> float:
+    """Relative difference between two summation orders of a chain of reductions of these lengths (1. and 2.)."""
+    return LAMBDA_2 * U * math.sqrt(sum(lengths))
+
+
+def within(rel: float, want, terms: int = 128) -> dict[str, float]:
+    """``assert_close`` arguments for comparing a tensor elementwise within the relative bound ``rel``.
+
+    ``rel`` bounds a value's error relative to the sum of the absolute values of its terms (1.), which for an
+    element of a logit, activation or gradient is not the element itself: its terms have either sign. Each
+    element is the last of a chain of dot products of at most ``terms`` terms (the tiny models: hidden 64, MLP
+    128, a step's tokens), where ``sum |x_i| <= sqrt(terms) * |x|_2`` (Cauchy-Schwarz); for terms of either sign
+    ``|x|_2`` is the typical size of their sum, which the tensor's largest element bounds: ``atol = rel *
+    sqrt(terms) * max |want|``. A mistake (a lost term, scale, row or adapter) moves values by ``max |want|``."""
+    return {"rtol": rel, "atol": rel * math.sqrt(terms) * float(want.detach().abs().max())}

@@ -6,7 +6,7 @@ import sys
 import time
 
 import pytest
-import torch
+from dist_bounds import assert_trained_alike, run_bound
 from scenarios import global_batches, reference, tiny_config
 
 import twinkle
@@ -40,7 +40,7 @@ def _model():
 
 def test_ray_training_matches_torchrun_and_one_process(ray_runtime, single_process) -> None:
     model = _model()
-    model.set_optimizer("AdamW", lr=1e-2)
+    model.set_optimizer("AdamW", lr=1e-2, eps=1.0)  # as the reference's (scripts/scenarios.py build())
     group = model.optimizer_group["default"]  # a live view: every read asks rank 0, never a stale copy
     assert list(model.optimizer_group) == ["default"] and len(model.optimizer_group) == 1
     with pytest.raises(KeyError):
@@ -52,17 +52,16 @@ def test_ray_training_matches_torchrun_and_one_process(ray_runtime, single_proce
         metrics.append(model.calculate_metric(is_training=True))
         assert (group.cur_step, group.micro_step, group.skipped_steps) == (step, 0, 0)
     want = single_process
-    assert losses == pytest.approx(want["losses"], abs=5e-6, rel=0)
-    assert [m["loss"] for m in metrics] == pytest.approx([m["loss"] for m in want["metrics"]], abs=5e-6, rel=0)
+    bound = run_bound(len(losses))  # the derived bound of dist_bounds.py: the actors sum in another order
+    assert [m["loss"] for m in metrics] == pytest.approx([m["loss"] for m in want["metrics"]], rel=bound, abs=0)
     state = model.get_state_dict()
-    for key, value in want["params"].items():
-        torch.testing.assert_close(state[key], value, atol=3e-5, rtol=1e-5, msg=key)
+    assert_trained_alike({"losses": losses, "params": {k: state[k] for k in want["params"]}}, want, len(losses))
     assert "strategy: accelerate" in model.get_train_configs()
 
 
 def test_a_rank_that_raises_is_named_in_the_driver(ray_runtime) -> None:
     model = _model()
-    model.set_optimizer("AdamW", lr=1e-2)
+    model.set_optimizer("AdamW", lr=1e-2, eps=1.0)  # as the reference's (scripts/scenarios.py build())
     good = {"input_ids": [5, 6, 7, 8], "labels": [5, 6, 7, 8]}
     rows = [good, {"text": "no input ids"}, good, {"text": "no input ids"}]  # rank 1 gets rows 1 and 3
     start = time.monotonic()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dist_bounds import assert_trained_alike, run_bound
 from scenarios import reference
 
 pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
@@ -40,7 +41,8 @@ def test_an_fp16_overflow_in_one_ranks_shard_skips_the_step_on_every_rank(name: 
     for key in ("before", "after_skip", "final"):  # bit-identical across ranks, and the next step trained
         for other in ranks[1:]:
             assert _equal(ranks[0][key], other[key]) == []
-    assert max((ranks[0]["final"][k] - ranks[0]["before"][k]).abs().max() for k in ranks[0]["final"]) > 1e-3
+    # AdamW with eps=1 (scripts/scenarios.py) at lr 5e-3 moves a weight by less than lr: 1e-4 is far beyond rounding
+    assert max((ranks[0]["final"][k] - ranks[0]["before"][k]).abs().max() for k in ranks[0]["final"]) > 1e-4
 
 
 def test_fsdp_gradients_stay_sharded_between_micro_batches_with_the_same_losses(training_job) -> None:
@@ -53,11 +55,8 @@ def test_fsdp_gradients_stay_sharded_between_micro_batches_with_the_same_losses(
         assert got["grad_bytes_between"] / got["model_bytes"] == pytest.approx(0.5, abs=0.02)
     for got in nosync:
         assert got["grad_bytes_between"] / got["model_bytes"] == pytest.approx(1.0, abs=0.02)
-    flat = [x for step in want["losses"] for x in step]
-    for got in default + nosync:
-        assert [x for step in got["losses"] for x in step] == pytest.approx(flat, abs=5e-6, rel=0)
-        for key, value in want["params"].items():
-            torch.testing.assert_close(got["params"][key], value, atol=3e-5, rtol=1e-5, msg=key)
+    for got in default + nosync:  # the probe step and 3 more, initial weights taken before the probe
+        assert_trained_alike(got, want, steps=4)
 
 
 @pytest.mark.parametrize("name", ["load_fsdp_full", "load_accel_full", "load_fsdp_lora_bf16",
@@ -73,8 +72,10 @@ def test_sharded_load_gives_the_weights_of_a_plain_load(name: str, at_job) -> No
         assert _equal(got["initial"], want["initial"]) == []
         assert _equal(got["buffers"], want["buffers"]) == []  # rotary inv_freq survived to_empty
         assert got["dtypes"] == want["dtypes"] and got["tied"] == want["tied"] == name.endswith("tied")
-        tol = 2e-2 if "bf16" in name else 5e-6  # bf16 compute: FSDP2 casts, one process autocasts
-        assert got["losses"] == pytest.approx(want["losses"], abs=tol, rel=0)
+        if "bf16" in name:  # bf16 compute, FSDP2 casts where one process autocasts: measured, ~1 bf16 ulp of 4.8
+            assert got["losses"] == pytest.approx(want["losses"], abs=2e-2, rel=0)
+        else:  # float32: the derived bound of a 2-step run (dist_bounds.py)
+            assert got["losses"] == pytest.approx(want["losses"], rel=run_bound(2), abs=0)
     if "bf16" in name:
         assert want["dtypes"] == [("torch.bfloat16", False), ("torch.float32", True)]
 
@@ -92,14 +93,10 @@ def test_seed_mesh_dp2_fsdp2_trains_like_one_process(name: str, hsdp_job) -> Non
     """DeviceMesh.from_sizes(dp_size=2, fsdp_size=2) with the default strategy runs HSDP (native FSDP2);
     accumulation reduce-scatters each micro-batch and all-reduces across replicas at the boundary."""
     want = reference(name)
-    flat = [x for item in want["losses"] for x in (item if isinstance(item, list) else [item])]
     for rank in range(4):
         got = hsdp_job.load(name, rank)
         assert got["layout"] == ((2, 2), ["R", "S(0)"]) and got["wrapped"] == "fsdp2"
-        assert [x for item in got["losses"] for x in (item if isinstance(item, list) else [item])] == \
-            pytest.approx(flat, abs=5e-6, rel=0)
-        for key, value in want["params"].items():
-            torch.testing.assert_close(got["params"][key], value, atol=3e-5, rtol=1e-5, msg=key)
+        assert_trained_alike(got, want, len(want["metrics"]), rows=8 if name == "hsdp_accum" else 4)
 
 
 def test_hsdp_sharded_load_gives_the_plain_weights(hsdp_job, monkeypatch) -> None:
@@ -109,4 +106,4 @@ def test_hsdp_sharded_load_gives_the_plain_weights(hsdp_job, monkeypatch) -> Non
         got = hsdp_job.load("hsdp_load_lora_bf16", rank)
         assert got["built_on_meta"]
         assert _equal(got["initial"], want["initial"]) == []
-        assert got["losses"] == pytest.approx(want["losses"], abs=2e-2, rel=0)
+        assert got["losses"] == pytest.approx(want["losses"], abs=2e-2, rel=0)  # bf16: measured, as above

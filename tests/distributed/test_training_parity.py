@@ -1,20 +1,23 @@
 """2 ranks under torchrun (DDP, native FSDP2, accelerate FSDP2; LoRA and full) train like one process.
 
-Tolerances (fp32, 5 steps, AdamW lr 1e-2): per-step loss within 5e-6 absolute (measured ~5e-7),
-parameters within 3e-5 (measured ~9e-6: AdamW's normalised update turns 1e-7 gradient reduction-order
-noise into ~1e-6 per step). Muon orthogonalises in bfloat16 (torch.optim.Muon's Newton-Schulz), which
-amplifies the same noise: LoRA within 1e-4 loss, full model within 5e-3 loss / 5e-2 parameters.
+Tolerances: under AdamW with ``eps = 1`` (fp32, 5 steps, lr 1e-2) every loss, gradient norm and weight update
+within the bound derived in dist_bounds.py (float32 summation order; the weights shown to move far beyond it).
+Muon orthogonalises in bfloat16 (torch.optim.Muon's Newton-Schulz): a rounding flip of one bf16 input moves
+its output by a bf16 ulp (2**-8 relative), amplified by the quintic iteration, for which no a-priori bound
+stays below what a mistake changes; those cases keep measured tolerances (LoRA within 1e-4 loss, full model
+within 5e-3 loss / 5e-2 parameters), the one-process comparison of a sharded Muon catching only gross errors.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from dist_bounds import assert_trained_alike, flat, run_bound
 from scenarios import reference
 
 pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
 
-TIGHT = {"loss": 5e-6, "param": 3e-5, "metric_rel": 1e-4}
+TIGHT = None  # the derived bound (dist_bounds.py)
 MUON_LORA = {"loss": 1e-4, "param": 2e-3, "metric_rel": 1e-3}
 MUON_FULL = {"loss": 5e-3, "param": 5e-2, "metric_rel": 1e-2}
 
@@ -31,8 +34,7 @@ def references() -> dict:
     return {}
 
 
-def _flat(losses: list) -> list[float]:
-    return [x for item in losses for x in (item if isinstance(item, list) else [item])]
+_flat = flat
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -40,7 +42,11 @@ def test_two_ranks_match_one_process(name: str, training_job, references) -> Non
     tol = CASES[name]
     want = references.setdefault(name, reference(name))
     ranks = [training_job.load(name, r) for r in (0, 1)]
+    steps = len(want["metrics"])
     for got in ranks:
+        if tol is TIGHT:
+            assert_trained_alike(got, want, steps)
+            continue
         assert _flat(got["losses"]) == pytest.approx(_flat(want["losses"]), abs=tol["loss"], rel=0)
         assert sorted(got["params"]) == sorted(want["params"])
         for key, value in want["params"].items():
@@ -50,8 +56,10 @@ def test_two_ranks_match_one_process(name: str, training_job, references) -> Non
     assert ranks[0]["metrics"] == ranks[1]["metrics"]
     for got, ref in zip(ranks[0]["metrics"], want["metrics"]):
         assert set(got) == set(ref)
-        for key in ("loss", "token_accuracy", "grad_norm"):
-            if key in ref:
+        for key in ("loss", "token_accuracy", "grad_norm"):  # token_accuracy: a ratio of integer counts
+            if key in ref and tol is TIGHT:
+                assert got[key] == pytest.approx(ref[key], rel=run_bound(steps), abs=0), key
+            elif key in ref:
                 assert got[key] == pytest.approx(ref[key], abs=max(tol["loss"], 1e-5), rel=tol["metric_rel"]), key
         assert got["step"] == ref["step"]
 
@@ -81,9 +89,7 @@ def test_hsdp_four_ranks_match_one_process(name: str, hsdp_job, references) -> N
     want = references.setdefault(name, reference(name))
     ranks = [hsdp_job.load(name, r) for r in range(4)]
     for got in ranks:
-        assert _flat(got["losses"]) == pytest.approx(_flat(want["losses"]), abs=TIGHT["loss"], rel=0)
-        for key, value in want["params"].items():
-            torch.testing.assert_close(got["params"][key], value, atol=TIGHT["param"], rtol=1e-5, msg=key)
+        assert_trained_alike(got, want, len(want["metrics"]))
         assert got["metrics"] == ranks[0]["metrics"]
         assert got["layout"] == ((2, 2), ["R", "S(0)"])  # replicate x shard
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hf_testing import make_batch, make_model, model_state_hash, tensor_hash
 from peft import LoraConfig
+from rounding import tiny_qwen, within
 
 import twinkle_hf.model.checkpoint as checkpoint_module
 from twinkle.checkpoint import CheckpointError, read_trainer_state
@@ -134,7 +135,9 @@ def test_checkpoint_of_the_embedded_model_is_self_contained_in_plain_transformer
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "who are you?"}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)["input_ids"]
     want = model.forward_only(inputs={"input_ids": ids, "attention_mask": torch.ones_like(ids)}).logits
-    torch.testing.assert_close(plain.eval()(input_ids=ids).logits, want, rtol=0, atol=1e-5)
+    # plain peft against twinkle's forward: float32's forward bound for one prompt (tests/rounding.py)
+    torch.testing.assert_close(plain.eval()(input_ids=ids).logits, want,
+                               **within(tiny_qwen(ids.shape[1], 1).forward_bound(), want))
     with plain.disable_adapter():
         assert not torch.allclose(plain(input_ids=ids).logits, want, atol=1e-3)  # the adapter matters
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rounding import tiny_qwen
 
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
@@ -37,7 +38,8 @@ def test_rows_collated_and_packed_batches_give_the_same_loss(dataset) -> None:
     model.set_processor("InputProcessor", padding_free=True)
     packed = model.forward_backward(inputs=rows)
     assert model.optimizer_group["default"].last_inputs["input_ids"].shape[0] == 1  # really packed
-    assert packed == pytest.approx(from_rows, rel=1e-5)
+    # packed rows attend through another kernel (varlen): a forward's float32 bound for the collated rows
+    assert packed == pytest.approx(from_rows, rel=tiny_qwen(collated["input_ids"].shape[1], 4).forward_bound())
 
 
 def test_raw_conversations_are_encoded_with_the_group_template(dataset) -> None:

@@ -210,8 +210,10 @@ def grad_diffs(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> d
 TRAIN_STEPS = 5
 TRAIN_LR = 5e-3
 #: Adam's update g/(sqrt(v)+eps) turns summation-order noise in near-zero gradients into lr-sized weight
-#: differences when eps is tiny; 1e-6 keeps "same weights after 5 steps" a statement about the parallelism.
-ADAM_EPS = 1e-6
+#: differences when eps is tiny (1e-6: a Lipschitz constant of 2 lr / eps = 1e4, bounded on no CPU); with eps = 1
+#: the update is Lipschitz in the gradient with constant at most 2 lr (tests/server/test_ray_mode.py), so the
+#: float32 bound of tests/rounding.py carries over to "same weights after 5 steps" at TP=2 and DP=2.
+ADAM_EPS = 1.0
 
 
 def train_batches() -> list[dict[str, torch.Tensor]]:

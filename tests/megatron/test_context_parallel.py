@@ -15,6 +15,7 @@ import dataclasses
 import pytest
 import torch
 from megatron_testing import VOCAB, hf_model, make_batch, megatron_model, save_hf, scheduled_on_cpu
+from rounding import chain_bound
 
 from twinkle.loss import CrossEntropyLoss, Loss
 from twinkle.metric import TokenAccuracy
@@ -100,7 +101,8 @@ def test_losses_and_accuracy_of_the_rank_shares_add_up_to_the_whole_rows(model, 
         loss, n = loss_fn.compute(piece, model.backend.logits_outputs(shard))
         total, counted = total + float(loss), counted + int(n)
     assert counted == int(items)
-    assert total == pytest.approx(float(reference), rel=1e-6)
+    # the same logits: each log-sum-exp (VOCAB terms) and the sum over 48 tokens in another grouping
+    assert total == pytest.approx(float(reference), rel=chain_bound(VOCAB, 3 * 16))
     assert correct == int(accuracy._correct)
 
 

@@ -128,10 +128,11 @@ def test_clip_and_step_prepare_once_and_reduce_the_norm_once(reductions):
     assert opt.prepared == 1
     assert opt.grad_scaler.updates == 1
     assert float(opt.get_loss_scale()) == SCALE * 2  # one clean step grows the scale once
-    assert norm == pytest.approx(5.0)
+    assert norm == pytest.approx(5.0)  # sqrt(3**2 + 4**2): exact in float32; approx only for the type
     # one inf/NaN check (MAX) and one norm reduction (SUM)
     assert reductions == [torch.distributed.ReduceOp.MAX, torch.distributed.ReduceOp.SUM]
     # SGD(lr=1) applied the unscaled gradient clipped to norm 1
+    # clip scale 1/5, unscale, lr 1: three float32 roundings of values <= 1 (3 u = 2e-7), far inside 1e-5
     assert torch.allclose(opt.main[0].detach(), torch.tensor([-0.6, 0.0]), atol=1e-5)
     assert torch.allclose(opt.main[1].detach(), torch.tensor([[-0.8]]), atol=1e-5)
 

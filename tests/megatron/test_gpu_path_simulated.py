@@ -12,6 +12,11 @@ import json
 
 import pytest
 from megatron_testing import make_batch, megatron_model
+from rounding import U, tiny_hf
+
+#: the same float32 sums in another order (megatron's schedule, micro-batches, another process): a forward's and
+#: a step's bound for 4 rows of 12 tokens (tests/rounding.py); step k carries the earlier steps' rounding twice
+FWD, STEP = tiny_hf(12, 4, vocab=125).forward_bound(), tiny_hf(12, 4, vocab=125).step_bound()
 
 pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
 
@@ -36,20 +41,20 @@ def test_microbatches_through_the_schedule_give_the_token_weighted_loss_and_grad
     stand_in.set_optimizer("default", lr=5e-3)
     reference = stand_in.forward_backward(inputs=make_batch(seed=7))
     reference_norm = stand_in.clip_grad_norm(1.0)
-    assert report["losses_by_microbatches"] == pytest.approx([reference] * 3, rel=1e-6)
-    assert report["norms_by_microbatches"] == pytest.approx([reference_norm] * 3, rel=1e-5)
+    assert report["losses_by_microbatches"] == pytest.approx([reference] * 3, rel=FWD)
+    assert report["norms_by_microbatches"] == pytest.approx([reference_norm] * 3, rel=STEP)
 
 
 def test_distributed_optimizer_trains_like_the_reference_adamw(run):
     path, report = run
     stand_in = megatron_model(path)
-    stand_in.set_optimizer("default", lr=5e-3, weight_decay=0.01)
+    stand_in.set_optimizer("default", lr=5e-3, weight_decay=0.01, adam_eps=1.0)  # as scripts/simulated_cuda.py
     stand_in.set_lr_scheduler("default", lr_warmup_steps=1, lr_decay_steps=6, lr_decay_style="linear")
     losses = []
     for step in range(4):
         losses.append(stand_in.forward_backward(inputs=make_batch(seed=100 + step)))
         stand_in.clip_grad_and_step(1.0)
-    assert report["straight"] == pytest.approx(losses, rel=1e-5)
+    assert report["straight"] == pytest.approx(losses, rel=(2 * 3 + 1) * STEP)
 
 
 def test_dist_checkpoint_resume_continues_the_same_losses(run):
@@ -87,10 +92,14 @@ def test_forward_backward_multi_on_the_gpu_path_equals_each_tenants_schedule(run
     _, report = run
     batched = report["batched"]
     for fused, sequential in zip(batched["losses"]["fused"], batched["losses"]["sequential"], strict=True):
-        assert fused == pytest.approx(sequential, rel=1e-5)
+        assert fused == pytest.approx(sequential, rel=3 * FWD)  # the second step's weights differ too
     for fused, sequential in zip(batched["norms"]["fused"], batched["norms"]["sequential"], strict=True):
-        assert fused == pytest.approx(sequential, rel=1e-4)
-    assert batched["state_max_diff"] < 1e-5 and batched["steps"] == [2, 2]
+        assert fused == pytest.approx(sequential, rel=3 * STEP)
+    # two Adam steps with eps = 1 at lr 2e-2 (scripts/simulated_cuda.py): an update's slope in g is at most 2 lr,
+    # g within 3 steps' bound of the largest gradient (at most the clipped norm 1, rounding.within's sqrt(128));
+    # u per stored step
+    assert batched["state_max_diff"] < 2 * 2 * 2e-2 * 3 * STEP * (1 + 128**0.5) + 2 * U
+    assert batched["steps"] == [2, 2]
 
 
 def test_bf16_lora_keeps_frozen_weights_bf16_and_fp32_master_copies(run):

@@ -2,8 +2,9 @@
 
 TP=1 here; TP=2 (vocabulary-parallel B with padded rows) is in ``scripts/tp2_checks.py`` /
 ``test_tensor_parallel.py``. References: ``PeftModel.from_pretrained`` of the saved adapter (logits, fp32,
-atol 2e-5) and peft's gradients of the same summed next-token loss (relative 1e-5; a fused layer's shared
-A against the sum of peft's A gradients of its projections).
+a forward's bound) and peft's gradients of the same summed next-token loss (a step's bound, relative to the
+largest entry as rounding.within scales it; a fused layer's shared A against the sum of peft's A gradients of
+its projections): the same sums in another order, 4 rows of 12 tokens (tests/rounding.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from megatron_testing import (
     shared_a_adapter,
 )
 from peft import LoraConfig, PeftModel
+from rounding import LORA_TERMS, chain_bound, tiny_hf, within
 from safetensors.torch import load_file, save_file
 
 from twinkle.checkpoint import CheckpointError
@@ -32,8 +34,8 @@ from twinkle_megatron.lora.layer import LoraOutputLayer, LoraParallelLinear
 
 pytestmark = pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True` and a tied layer:UserWarning")
 
-ATOL = 2e-5
-GRAD_RTOL = 1e-5
+FWD = tiny_hf(12, 4, vocab=125, extra=LORA_TERMS).forward_bound()
+GRAD_RTOL = tiny_hf(12, 4, vocab=125, extra=LORA_TERMS).step_bound() * (1 + 128**0.5)  # rtol + within's atol
 LM_HEAD = "base_model.model.lm_head"
 
 
@@ -89,7 +91,7 @@ def test_lm_head_lora_gives_pefts_logits_and_gradients(base, tmp_path):
         peft_model = PeftModel.from_pretrained(_hf(tied), saved, is_trainable=True).eval()
         ours = model.forward_only(inputs=batch, adapter_name=adapter)["logits"]
         ref = _logits(peft_model, batch)
-        assert (ours[real] - ref[real]).abs().max() <= ATOL
+        torch.testing.assert_close(ours[real], ref[real], **within(FWD, ref[real]))
         assert (ref - base_logits)[real].abs().max() > 1e-3  # the adapter (for 'head': lm_head alone) does something
 
         model.set_optimizer("default", lr=1e-3, adapter_name=adapter)
@@ -120,7 +122,8 @@ def test_the_output_layer_is_called_with_its_own_keywords(base):
     weight = shared if tied else layer.weight
     assert torch.equal(plain, gathered)
     expected = hidden @ weight.t() + (hidden @ layer.lora_A["a"].t() @ layer.lora_B["a"].t()) * layer.scaling["a"]
-    torch.testing.assert_close(plain, expected, rtol=1e-5, atol=1e-6)
+    # one layer: 64 hidden terms, then r: float32's bound of that chain (tests/rounding.py)
+    torch.testing.assert_close(plain, expected, **within(chain_bound(64, 2), expected, terms=64))
     assert (plain - alone).abs().max() > 1e-3
 
 
@@ -137,8 +140,8 @@ def test_a_peft_saved_lm_head_adapter_loads_into_megatron(base, tmp_path):
     batch = make_batch(seed=4)
     real = batch["attention_mask"].bool()
     ours = model.forward_only(inputs=batch, adapter_name="p")["logits"]
-    assert (ours[real] - _logits(PeftModel.from_pretrained(_hf(tied), str(source)).eval(), batch)[real]
-            ).abs().max() <= ATOL
+    ref = _logits(PeftModel.from_pretrained(_hf(tied), str(source)).eval(), batch)[real]
+    torch.testing.assert_close(ours[real], ref, **within(FWD, ref))
     again = load_file(f"{model.save('again', output_dir=str(tmp_path), adapter_name='p')}/adapter_model.safetensors")
     assert set(again) == set(written) - {f"{LM_HEAD}.base_layer.weight"}
     assert all(torch.equal(again[k], written[k]) for k in again)

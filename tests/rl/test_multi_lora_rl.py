@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from rounding import LORA_TERMS, tiny_hf, within
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multi_lora"))
 from ml_testing import lora, make_multi, randomize, reference_base  # noqa: E402
@@ -16,6 +17,11 @@ from twinkle.rollout import Rollout  # noqa: E402
 from twinkle.sampler import SamplingParams  # noqa: E402
 from twinkle_hf.multi_lora.tenant_io import tenant_state_dict  # noqa: E402
 from twinkle_hf.sampler import TorchSampler  # noqa: E402
+
+#: the tiny model with LoRA tenants, rows of at most 12 tokens (another summation order: a stacked batch, an
+#: incremental sampler, a single-adapter model): float32's forward and step bounds (tests/rounding.py)
+FWD = tiny_hf(12, 4, extra=LORA_TERMS).forward_bound()
+STEP = tiny_hf(12, 4, extra=LORA_TERMS).step_bound()
 
 TENANTS = {"t1": dict(r=4, alpha=8, targets=("q_proj", "v_proj")), "t2": dict(r=8, alpha=8, targets="all-linear")}
 
@@ -59,8 +65,8 @@ def test_two_tenants_in_one_batch_each_equal_a_single_adapter_model(multi):
                 with torch.no_grad():
                     logits = single(input_ids=ids).logits[0, len(result.prompt) - 1:-1].double()
                 expected = torch.log_softmax(logits, -1)[torch.arange(len(seq.tokens)), torch.tensor(seq.tokens)]
-                torch.testing.assert_close(torch.tensor(seq.logprobs, dtype=torch.float64), expected, rtol=0,
-                                           atol=1e-5)
+                torch.testing.assert_close(torch.tensor(seq.logprobs, dtype=torch.float64), expected,
+                                           **within(FWD, expected))
             with torch.no_grad():
                 plain = single.generate(input_ids=torch.tensor([result.prompt]), max_new_tokens=5, do_sample=False,
                                         eos_token_id=None, pad_token_id=0)
@@ -73,14 +79,15 @@ def test_tenant_logprobs_and_reference_in_one_call(multi):
     mixed = sampler.compute_logprobs(sequences, adapter_name=["t1", "t2"])
     alone = [sampler.compute_logprobs([s], adapter_name=t)[0] for s, t in zip(sequences, ["t1", "t2"])]
     for a, b in zip(mixed, alone):
-        assert a[1:] == pytest.approx(b[1:], abs=1e-5)
+        want = torch.tensor(b[1:], dtype=torch.float64)
+        torch.testing.assert_close(torch.tensor(a[1:], dtype=torch.float64), want, **within(FWD, want))
     base = reference_base(multi)
     ref = sampler.compute_logprobs(sequences, adapter_name=["t1", "t2"], reference=True)
     for seq, values in zip(sequences, ref):
         with torch.no_grad():
             logits = base(input_ids=torch.tensor([seq])).logits[0, :-1].double()
         expected = torch.log_softmax(logits, -1)[torch.arange(len(seq) - 1), torch.tensor(seq[1:])]
-        torch.testing.assert_close(torch.tensor(values[1:], dtype=torch.float64), expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(values[1:], dtype=torch.float64), expected, **within(FWD, expected))
 
 
 def _rollouts(seed: int) -> list[Rollout]:
@@ -103,11 +110,11 @@ def test_rl_step_of_several_tenants_at_once_equals_each_tenants_own(multi):
         multi.zero_grad(adapter_name=t)
     for tenant, batch in batches.items():
         alone = multi.forward_backward(inputs=batch, adapter_name=tenant)
-        assert alone == pytest.approx(losses[tenant], rel=1e-5)
+        assert alone == pytest.approx(losses[tenant], rel=FWD)
         for got, want in zip(together[tenant], (p.grad for p in multi.backend.parameters(multi._group(tenant)))):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(got, want, **within(STEP, want))
         own = multi.get_loss_outputs(adapter_name=tenant)
         assert len(own) == len(outputs[tenant]) == 3
         for a, b in zip(own, outputs[tenant]):
-            torch.testing.assert_close(a["logprobs"], b["logprobs"], rtol=0, atol=1e-5)
+            torch.testing.assert_close(a["logprobs"], b["logprobs"], **within(FWD, b["logprobs"]))
         multi.zero_grad(adapter_name=tenant)

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rounding import U, chain_bound, tiny_qwen
 from server_proc import ALL_LAYERS, BASE_MODEL
 from server_testing import adapter_tensors, reference_model, rows, sft_datums, weighted_nll
 from tinker import types
 
 STEPS = 6
-ADAM = {"learning_rate": 2e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.01}
+#: eps = 1: the update is Lipschitz in the gradient (tests/server/test_ray_mode.py derives it); with 1e-8 the
+#: server's and the script's reduction orders flip lr * sign(g) of near-zero gradients, bounded on no CPU
+ADAM = {"learning_rate": 2e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1.0, "weight_decay": 0.01}
+#: the served run against the script (another process, another summation order): STEPS steps of 4 rows of at
+#: most 20 tokens, step k carrying the earlier steps' rounding twice (tests/rounding.py, as test_ray_mode)
+BOUND = (2 * (STEPS - 1) + 1) * tiny_qwen(seq=20, rows=4).step_bound()
 
 
 def test_sft_loop_through_the_client_equals_the_component_api(server, alice):
@@ -27,7 +33,8 @@ def test_sft_loop_through_the_client_equals_the_component_api(server, alice):
         client_metrics.append(opt.result().metrics)
         client_losses.append(result.metrics["loss:sum"])
         # the reported loss is Tinker's definition applied to the returned per-token logprobs
-        assert result.metrics["loss:sum"] == pytest.approx(weighted_nll(result, datums), rel=1e-5)
+        # the same per-token logprobs summed in another order (80 terms at most)
+        assert result.metrics["loss:sum"] == pytest.approx(weighted_nll(result, datums), rel=chain_bound(80))
         assert [len(o["logprobs"].data) for o in result.loss_fn_outputs] == [d.model_input.length for d in datums]
     saved = training.save_weights_for_sampler("final").result().path
     assert client_losses[-1] < 0.7 * client_losses[0]  # it learns
@@ -36,6 +43,7 @@ def test_sft_loop_through_the_client_equals_the_component_api(server, alice):
     model = reference_model()
     config = __import__("peft").LoraConfig(r=8, lora_alpha=32, lora_dropout=0.0, target_modules=ALL_LAYERS)
     model.acquire_lora("ref", config, seed=1234)
+    initial = {k: v.clone() for k, v in model.get_state_dict(adapter_name="ref").items()}
     model.set_optimizer("AdamW", adapter_name="ref", lr=ADAM["learning_rate"], betas=(ADAM["beta1"], ADAM["beta2"]),
                         eps=ADAM["eps"], weight_decay=ADAM["weight_decay"])
     model.set_loss("cross_entropy", adapter_name="ref")
@@ -45,12 +53,16 @@ def test_sft_loop_through_the_client_equals_the_component_api(server, alice):
         model.clip_grad_and_step(max_grad_norm=None, adapter_name="ref")
     diffs = [abs(a - b) / abs(b) for a, b in zip(client_losses, script_losses)]
     print(f"SFT loss via client vs component API: max rel diff {max(diffs):.2e}; losses {client_losses}")
-    assert max(diffs) < 1e-5
+    assert max(diffs) < BOUND
     served = adapter_tensors(server.checkpoint_dir(saved))
     local = model.get_state_dict(adapter_name="ref")
     assert served.keys() == local.keys()
-    for key in local:
-        torch.testing.assert_close(served[key], local[key], rtol=1e-5, atol=1e-6, msg=key)
+    for key in local:  # per tensor: the bound of the update, plus u |w| per stored step (as test_ray_mode)
+        update = (local[key] - initial[key]).norm().item()
+        room = BOUND * update + STEPS * U * local[key].norm().item()
+        assert (served[key] - local[key]).norm().item() <= room, key
+        if "lora_B" in key:  # lora_A's share of the first steps is second order (lora_B starts at zero)
+            assert update > 10 * room, (key, update, room)
     assert all("grad_norm:mean" in m for m in client_metrics)
 
 

@@ -63,7 +63,8 @@ def build(strategy: str = "native_fsdp", fsdp: int = 1, dp: int | None = None, l
             torch.manual_seed(1)
             model.add_adapter_to_model(name, lora_config())
     for name in (adapters if lora else (None,)):
-        extra = {"adjust_lr_fn": "match_rms_adamw"} if optimizer == "Muon" else {}
+        # AdamW with eps=1: Lipschitz in the gradient, so the ranks' float32 rounding stays bounded (dist_bounds.py)
+        extra = {"adjust_lr_fn": "match_rms_adamw"} if optimizer == "Muon" else {"eps": 1.0}
         model.set_optimizer(optimizer, lr=1e-2, adapter_name=name, **extra)
     return model
 
@@ -81,6 +82,7 @@ def train(model: Any, batches: list[dict[str, torch.Tensor]], adapter: str | Non
           accumulation: int = 1) -> dict[str, Any]:
     rank, world = rank_world()
     losses, metrics = [], []
+    initial = trainable_state(model, adapter)
     for batch in batches:
         mine = local_rows(batch, rank, world)
         if accumulation == 1:
@@ -100,7 +102,8 @@ def train(model: Any, batches: list[dict[str, torch.Tensor]], adapter: str | Non
     first = next(iter(model.model.parameters()))
     layout = (tuple(first.device_mesh.shape), [str(p) for p in first.placements]) \
         if hasattr(first, "device_mesh") else None
-    return {"losses": losses, "metrics": metrics, "params": trainable_state(model, adapter), "layout": layout,
+    return {"losses": losses, "metrics": metrics, "params": trainable_state(model, adapter), "initial": initial,
+            "layout": layout,
             "wrapped": model.backend.dist_plan.kind}
 
 
@@ -140,7 +143,7 @@ def sc_two_adapters(strategy: str, fsdp: int) -> dict[str, Any]:
     first = train(model, batches[:2], adapter="a")
     second = train(model, batches[2:], adapter="b")
     return {"losses": first["losses"] + second["losses"], "params": {**first["params"], **second["params"]},
-            "metrics": first["metrics"] + second["metrics"]}
+            "metrics": first["metrics"] + second["metrics"], "initial": {**first["initial"], **second["initial"]}}
 
 
 SCENARIOS["ddp_two_adapters"] = lambda: sc_two_adapters("native_fsdp", 1)
@@ -321,6 +324,7 @@ def sc_grad_memory(sync_each_microbatch: bool) -> dict[str, Any]:
     rank, world = rank_world()
     config = {} if sync_each_microbatch else {"fsdp_config": {"sync_each_microbatch": False}}
     model = build("native_fsdp", fsdp=2, **config)
+    initial = trainable_state(model)  # before the probe step: the reference comparison covers all 4 steps
     model_bytes = sum(p.numel() * p.element_size() for p in model.model.parameters())  # full shapes
     batch = global_batches(1)[0]
     model.forward_backward(inputs=local_rows({k: v[:2] for k, v in batch.items()}, rank, world),
@@ -330,7 +334,7 @@ def sc_grad_memory(sync_each_microbatch: bool) -> dict[str, Any]:
                            gradient_accumulation_steps=2)
     model.clip_grad_and_step()
     result = train(model, global_batches(3, seed=200), accumulation=2)
-    return {**result, "grad_bytes_between": between, "model_bytes": model_bytes}
+    return {**result, "initial": initial, "grad_bytes_between": between, "model_bytes": model_bytes}
 
 
 SCENARIOS["fsdp_grad_memory"] = lambda: sc_grad_memory(True)
@@ -370,7 +374,7 @@ def sc_load(strategy: str, lora: bool, mixed_precision: str = "no", fsdp: int = 
     if lora:
         torch.manual_seed(1)
         model.add_adapter_to_model("a", lora_config())
-    model.set_optimizer("AdamW", lr=1e-2, adapter_name=adapter)
+    model.set_optimizer("AdamW", lr=1e-2, adapter_name=adapter, eps=1.0)  # as build(): Lipschitz in the gradient
     params = {n: full_tensor_of(p) for n, p in model.model.named_parameters()}
     buffers = {n: b.detach().clone() for n, b in model.model.named_buffers()}
     dtypes = sorted({(str(p.dtype), p.requires_grad) for p in model.model.parameters()})

@@ -71,7 +71,8 @@ def run(m, start: int, steps: int, micro: int = 2, adapter: str | None = None) -
 
 def fresh(path: Path):
     m = model(path)
-    m.set_optimizer("default", lr=5e-3, weight_decay=0.01)
+    # Adam with eps = 1: Lipschitz in the gradient, so the test's in-process reference stays within a derived bound
+    m.set_optimizer("default", lr=5e-3, weight_decay=0.01, adam_eps=1.0)
     m.set_lr_scheduler("default", lr_warmup_steps=1, lr_decay_steps=6, lr_decay_style="linear")
     return m
 
@@ -230,7 +231,8 @@ def tenants_batched(path: Path) -> dict:
         m.backend.device_type = "cuda"  # simulated: take the GPU code path
         for i, (tenant, config) in enumerate(configs.items()):
             m.acquire_lora(tenant, config, seed=i)
-            m.set_optimizer("default", lr=2e-2, adapter_name=tenant)
+            # Adam with eps = 1 (the DistributedOptimizer takes no SGD): Lipschitz in the gradient, the weights follow
+            m.set_optimizer("default", lr=2e-2, adapter_name=tenant, adam_eps=1.0)
         return m
 
     fused, sequential = multi(), multi()

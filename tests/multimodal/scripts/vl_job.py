@@ -72,18 +72,19 @@ def fsdp_run() -> dict:
     vl.set_template(ds.template)
     torch.manual_seed(1)
     vl.add_adapter_to_model("sft", _lora(0.0), projector="full")
-    vl.set_optimizer("AdamW", lr=1e-2)
+    vl.set_optimizer("AdamW", lr=1e-2, eps=1.0)  # Lipschitz in the gradient: the ranks' rounding stays bounded
     loader = DataLoader(ds, batch_size=4, shuffle=True, seed=5)
+    group = vl.optimizer_group["sft"]
+    names = {id(p): n for n, p in vl.model.named_parameters()}
+    initial = {names[id(p)]: full_tensor(p.detach()).clone() for p in vl.backend.parameters(group)}
     losses = []
     for batch in loader:
         losses.append(float(vl.forward_backward(inputs=batch)))
         vl.clip_grad_and_step()
         if len(losses) == FSDP_STEPS:
             break
-    group = vl.optimizer_group["sft"]
-    names = {id(p): n for n, p in vl.model.named_parameters()}
     params = {names[id(p)]: full_tensor(p.detach()).clone() for p in vl.backend.parameters(group)}
-    return {"losses": losses, "params": params, "layers": vl.backend.layer_classes}
+    return {"losses": losses, "params": params, "initial": initial, "layers": vl.backend.layer_classes}
 
 
 def main() -> None:
