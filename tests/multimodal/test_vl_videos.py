@@ -73,3 +73,17 @@ def test_a_video_file_says_what_to_install(tmp_path):
     tmpl = template("qwen2_5_vl")
     with pytest.raises(DataError, match="row 0: .*clip.mp4.*pip install torchvision av"):
         tmpl.encode(_row(str(clip)))
+
+
+@pytest.mark.parametrize("family", QWEN_FAMILIES)
+def test_frames_of_two_sizes_are_refused_naming_the_sizes_and_a_grey_frame_is_converted(family):
+    """transformers' processor stacks a video's frames with numpy, whose error names neither the row, the video
+    nor the fix: the sizes are checked before it. A grey frame among RGB ones is converted to RGB."""
+    tmpl = template(family)
+    with pytest.raises(DataError, match=r"^row 0: a video's frames have different sizes \(width x height: "
+                                        r"\[\(64, 64\), \(96, 96\)\]\).*resize them"):
+        tmpl.encode(_row([shape_image("red", "circle"), shape_image("red", "circle", size=96)]))
+    grey = shape_image("blue", "square").convert("L")
+    mixed = tmpl.encode(_row([shape_image("red", "circle"), grey]))
+    rgb = tmpl.encode(_row([shape_image("red", "circle"), grey.convert("RGB")]))
+    assert mixed["input_ids"] == rgb["input_ids"]  # encoded (numpy's stacking refused it before) like RGB frames

@@ -74,7 +74,7 @@ class FramesVideoProcessor:
         """``(patches (t * h * w, C * T * p * p), [t, h, w])`` of one video's frames."""
         import numpy as np
 
-        out = self.image_processor(images=list(frames), return_tensors="np")
+        out = self.image_processor(images=list(frames), return_tensors="np")  # one size: media.load_video
         grids = np.asarray(out["image_grid_thw"])
         if len({tuple(g) for g in grids.tolist()}) != 1:
             raise DataError(f"video {index}: its frames have different sizes ({sorted({f.size for f in frames})}); "

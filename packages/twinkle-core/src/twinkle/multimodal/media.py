@@ -247,10 +247,19 @@ def load_image(stored: Any) -> Any:
 
 
 def load_video(stored: Mapping[str, Any]) -> Any:
-    """The frames of a stored video as PIL images, or its file path (decoded by the processor)."""
-    if stored.get("frames"):
-        return [load_image(f) for f in stored["frames"]]
-    return stored["path"]
+    """The frames of a stored video as PIL images (one size, RGB), or its file path (decoded by the processor).
+
+    The processors stack a video's frames into one array, so frames of two sizes are refused here, naming the
+    sizes (numpy's stacking error names neither the video nor the fix), and a grey or RGBA frame among RGB ones
+    is converted like the processors convert images."""
+    if not stored.get("frames"):
+        return stored["path"]
+    frames = [load_image(f) for f in stored["frames"]]
+    sizes = sorted({tuple(f.size) for f in frames})
+    if len(sizes) > 1:
+        raise DataError(f"a video's frames have different sizes (width x height: {sizes}); every frame of a video "
+                        "must have one size: resize them to the first frame's size before encoding.")
+    return [f if f.mode == "RGB" else f.convert("RGB") for f in frames]
 
 
 def _is_frame_list(value: Any) -> bool:
