@@ -1,4 +1,4 @@
-"""Issue 13 weak cases: names with a trailing newline, and a misspelled top-level config key."""
+"""Weak names: names with a trailing newline, and a misspelled top-level config key."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from hf_testing import make_model
 from peft import LoraConfig
 
 from twinkle.cli import CLI
+from twinkle.config import ConfigError
 
 
 @pytest.mark.parametrize("name", ["tenant\n", "a\nb", "ok ", "x/y", ""])
@@ -28,19 +29,22 @@ def test_tenant_and_adapter_names_must_match_entirely(name) -> None:
 
 @pytest.mark.parametrize("text,key,close", [
     ("traning:\n  batch_size: 4\n", "traning", "training"),
-    ("learnig_rate: 0.001\n", "learnig_rate", "learning_rate"),
+    ("learnig_rate: 0.001\n", "learnig_rate", "learning-rate"),
 ])
-def test_a_misspelled_top_level_key_warns_naming_the_closest(tmp_path, text, key, close) -> None:
+def test_a_misspelled_top_level_key_is_refused_naming_the_closest(tmp_path, text, key, close) -> None:
+    """An undeclared key is an error (it used to be a warning and the value went to the script unseen)."""
     config = tmp_path / "job.yaml"
     config.write_text(text)
-    with pytest.warns(UserWarning, match=rf"'{key}' is not a twinkle option .*did you mean '{close}'"):
-        args = CLI.parse(["--config", str(config)], environ={})
-    assert key in args.extra  # still handed to the script
+    with pytest.raises(ConfigError, match=rf"{key}: unknown option; did you mean --{close}\?"):
+        CLI.parse(["--config", str(config)], environ={})
 
 
-def test_script_keys_that_resemble_nothing_stay_quiet(tmp_path, recwarn) -> None:
+def test_script_keys_declared_as_extras_stay_quiet_and_undeclared_ones_say_how(tmp_path, recwarn) -> None:
     config = tmp_path / "job.yaml"
-    config.write_text("reward_scale: 2.0\nextra:\n  traning: 1\n")
-    args = CLI.parse(["--config", str(config), "--my-flag"], environ={})
+    config.write_text("extra:\n  reward_scale: 2.0\n  traning: 1\n")
+    args = CLI.parse(["--config", str(config), "--extra.my-flag"], environ={})
     assert args.extra == {"reward_scale": 2.0, "traning": 1, "my_flag": True}
     assert not [w for w in recwarn if "twinkle option" in str(w.message)]
+    config.write_text("reward_scale: 2.0\n")
+    with pytest.raises(ConfigError, match=r"reward_scale: unknown option; A script's own option is declared"):
+        CLI.parse(["--config", str(config)], environ={})

@@ -124,12 +124,10 @@ def _summed_over(group: Any) -> Any:
     sums the earlier micro-batches' (already complete) gradients again under gradient accumulation; a
     tensor hook reduces only what this backward adds.
     """
-    import torch.distributed as dist
+    from twinkle import collective
 
     def hook(grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.clone()
-        dist.all_reduce(grad, group=group)
-        return grad
+        return collective.all_reduce(grad, group=group)  # a new tensor, reduced on the communication device
 
     return hook
 
