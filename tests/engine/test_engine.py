@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from rounding import chain_bound, within
 
 from twinkle.engine import Engine, Route
 from twinkle.loss.base import Loss
@@ -106,7 +107,10 @@ def test_two_accumulated_micro_batches_step_as_one_token_weighted_batch() -> Non
     ((reference(x) - y) ** 2).mean().backward()
     with torch.no_grad():
         reference.weight -= 0.1 * reference.weight.grad
-    torch.testing.assert_close(backend.module.weight, reference.weight, rtol=1e-6, atol=1e-7)
+    # the same float32 sums grouped otherwise: 3-term products, a mean over 4 values, 2 micro-batches added
+    # (tests/rounding.py), elementwise by within() over the 3 inputs
+    torch.testing.assert_close(backend.module.weight, reference.weight,
+                               **within(chain_bound(3, 4, 2), reference.weight, terms=3))
     assert group.cur_step == 1 and group.micro_step == 0
 
 
@@ -129,5 +133,5 @@ def test_clipping_reports_the_norm_before_clipping() -> None:
     engine.forward_backward([Route(group)], [batch], "regression", {})
     expected = torch.nn.utils.get_total_norm([p.grad for p in backend.parameters(group)])
     norm = engine.clip_grad_norm(group, 1e-3, 2)
-    assert norm == pytest.approx(float(expected))
+    assert norm == pytest.approx(float(expected), rel=chain_bound(6))  # 6 squares summed in another grouping
     assert float(torch.nn.utils.get_total_norm([p.grad for p in backend.parameters(group)])) == pytest.approx(1e-3)

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "golden"))
+from golden_bounds import VL  # noqa: E402
+
+#: The reduction lengths of any of the three tiny families (tests/rounding.py): golden_bounds.VL (the same text
+#: model and a vision tower of hidden 32, MLP 64, 2 layers in each), with Qwen3-VL's larger patch embedding
+#: (3 x 2 x 16 x 16 = 1536 values) and rows of up to 128 tokens, 4 a batch (generous for these datasets).
+VL_ANY = dataclasses.replace(VL, seq=128, tokens=512, extra=VL.extra + 1536 - 1176)
 
 #: family -> (template name, embedded tiny model directory)
 FAMILIES = {

@@ -6,7 +6,7 @@ component API on the same model.
 from __future__ import annotations
 
 import pytest
-import torch
+from rounding import U, tiny_qwen
 from server_proc import ALL_LAYERS, BASE_MODEL, MODEL_ID, make_keys, start_server
 from server_testing import adapter_tensors, rows, sft_datums
 from tinker import types
@@ -14,7 +14,12 @@ from tinker import types
 pytest.importorskip("megatron.core")
 
 STEPS = 3
-ADAM = {"learning_rate": 2e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.01}
+#: eps = 1: the update is Lipschitz in the gradient (tests/server/test_ray_mode.py derives it); with 1e-8 the
+#: server's and the script's reduction orders flip lr * sign(g) of near-zero gradients, bounded on no CPU
+ADAM = {"learning_rate": 2e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1.0, "weight_decay": 0.01}
+#: the served run against the script (another process, another summation order): STEPS steps of 4 rows of at
+#: most 20 tokens, step k carrying the earlier steps' rounding twice (tests/rounding.py, as test_sft)
+BOUND = (2 * (STEPS - 1) + 1) * tiny_qwen(seq=20, rows=4).step_bound()
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +59,7 @@ def test_a_megatron_base_model_trains_tenants_through_the_client(megatron_server
     model = MultiLoraMegatronModel(model_id=MODEL_ID, mixed_precision="no", max_loras=2, max_r=8,
                                    max_length=128, target_modules=ALL_LAYERS)
     model.acquire_lora("ref", LoraConfig(r=4, lora_alpha=32, lora_dropout=0.0, target_modules=ALL_LAYERS), seed=11)
+    initial = {k: v.clone() for k, v in model.get_state_dict(adapter_name="ref").items()}
     model.set_optimizer("default", adapter_name="ref", lr=ADAM["learning_rate"])
     model.set_optimizer_params(adapter_name="ref", betas=(ADAM["beta1"], ADAM["beta2"]), eps=ADAM["eps"],
                                weight_decay=ADAM["weight_decay"])
@@ -62,12 +68,16 @@ def test_a_megatron_base_model_trains_tenants_through_the_client(megatron_server
     for _ in range(STEPS):
         script_losses.append(float(model.forward_backward(inputs=rows(datums), adapter_name="ref")))
         model.clip_grad_and_step(max_grad_norm=None, adapter_name="ref")
-    assert losses == pytest.approx(script_losses, rel=1e-5)
+    assert losses == pytest.approx(script_losses, rel=BOUND, abs=0)
     served = adapter_tensors(megatron_server.checkpoint_dir(saved))
     local = model.get_state_dict(adapter_name="ref")
     assert served.keys() == local.keys()
-    for key in local:
-        torch.testing.assert_close(served[key], local[key], rtol=1e-5, atol=1e-6, msg=key)
+    for key in local:  # per tensor: the bound of the update, plus u |w| per stored step (as test_sft)
+        update = (local[key] - initial[key]).norm().item()
+        room = BOUND * update + STEPS * U * local[key].norm().item()
+        assert (served[key] - local[key]).norm().item() <= room, key
+        if "lora_B" in key:  # lora_A's share of the first steps is second order (lora_B starts at zero)
+            assert update > 10 * room, (key, update, room)
 
 
 def _sample_a_tenant(server) -> None:

@@ -110,6 +110,7 @@ def test_forward_backward_requests_decode_from_the_clients_own_encoding():
     message.forward_only = True
     step = decode_step_request(message.SerializeToString(), Limits(max_length=16, max_tokens=64))
     assert (step.model_id, step.seq_id, step.loss_fn, step.forward_only) == (MODEL, 7, "ppo", True)
+    # the config travels as float32: within u = 6e-8 relative of the Python float, inside approx's 1e-6
     assert step.loss_fn_config == {"clip_low_threshold": pytest.approx(0.7), "clip_high_threshold": pytest.approx(1.3)}
     assert step.rows[0] == {"input_ids": [5, 6, 7], "target_tokens": [6, 7, 8], "weights": [0.0, 1.0, 0.5],
                             "logprobs": [-1.0, -2.0, -3.0], "advantages": [0.5, 0.5, 0.5]}
@@ -249,6 +250,7 @@ def test_percentiles_match_numpy():
     rng = np.random.default_rng(0)
     values = rng.exponential(size=101).tolist()
     for q in (0.5, 0.95):
+        # float64 linear interpolation between the same two order statistics: a few ulps (1e-16), inside 1e-6
         assert percentile(values, q) == pytest.approx(float(np.percentile(values, q * 100)))
     assert percentile([], 0.5) is None
 

@@ -16,6 +16,19 @@ ADAM = {"learning_rate": 2e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1.0, "weight_
 #: the served run against the script (another process, another summation order): STEPS steps of 4 rows of at
 #: most 20 tokens, step k carrying the earlier steps' rounding twice (tests/rounding.py, as test_ray_mode)
 BOUND = (2 * (STEPS - 1) + 1) * tiny_qwen(seq=20, rows=4).step_bound()
+#: one step of the same 4 rows with its sums grouped otherwise (two halves added, a client-side loss)
+STEP = tiny_qwen(seq=20, rows=4).step_bound()
+
+
+def _one_step_alike(got: dict, want: dict, initial: dict) -> None:
+    """One Adam (eps = 1) step's weights per tensor within STEP of its update, plus u |w| of storage."""
+    assert got.keys() == want.keys() == initial.keys()
+    for key in want:
+        update = (want[key] - initial[key]).norm().item()
+        room = STEP * update + U * want[key].norm().item()
+        assert (got[key] - want[key]).norm().item() <= room, key
+        if "lora_B" in key:  # lora_B starts at zero: the step moved it far beyond the room
+            assert update > 10 * room, (key, update, room)
 
 
 def test_sft_loop_through_the_client_equals_the_component_api(server, alice):
@@ -74,6 +87,7 @@ def test_forward_reports_without_training_and_accumulation_sums(server, alice):
     """
     adam = types.AdamParams(learning_rate=1e-2, eps=1.0)
     training = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=7).result()
+    initial = training.save_weights_for_sampler("initial").result().path
     datums = sft_datums(training.get_tokenizer())
     before = training.forward(datums, "cross_entropy").result()
     again = training.forward(datums, "cross_entropy").result()
@@ -88,8 +102,7 @@ def test_forward_reports_without_training_and_accumulation_sums(server, alice):
     whole.optim_step(adam).result()
     together = whole.save_weights_for_sampler("together").result().path
     a, b = adapter_tensors(server.checkpoint_dir(split)), adapter_tensors(server.checkpoint_dir(together))
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+    _one_step_alike(a, b, adapter_tensors(server.checkpoint_dir(initial)))
 
 
 def test_forward_backward_custom_runs_client_side_on_top_of_cross_entropy(server, alice):
@@ -99,6 +112,7 @@ def test_forward_backward_custom_runs_client_side_on_top_of_cross_entropy(server
     """
     adam = types.AdamParams(learning_rate=1e-2, eps=1.0)
     custom = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()
+    initial = custom.save_weights_for_sampler("initial").result().path
     datums = sft_datums(custom.get_tokenizer())
 
     def nll(data, logprobs):
@@ -111,8 +125,9 @@ def test_forward_backward_custom_runs_client_side_on_top_of_cross_entropy(server
     plain = alice.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=5).result()
     reference = plain.forward_backward(datums, "cross_entropy").result()
     plain.optim_step(adam).result()
-    assert result.metrics["loss:sum"] == pytest.approx(reference.metrics["loss:sum"], rel=1e-5)
+    # the same forward, its token sum (<= 80 terms) taken on the client in another order
+    rel = tiny_qwen(seq=20, rows=4).forward_bound() + chain_bound(80)
+    assert result.metrics["loss:sum"] == pytest.approx(reference.metrics["loss:sum"], rel=rel, abs=0)
     a = adapter_tensors(server.checkpoint_dir(custom.save_weights_for_sampler("custom").result().path))
     b = adapter_tensors(server.checkpoint_dir(plain.save_weights_for_sampler("plain").result().path))
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6, msg=key)
+    _one_step_alike(a, b, adapter_tensors(server.checkpoint_dir(initial)))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rounding import tiny_qwen
 from trainer_testing import load_weights, run_train, tiny_job, write_config
 
 from twinkle.trainer import TrainerConfig, store
@@ -14,6 +15,18 @@ from twinkle.trainer import TrainerConfig, store
 pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
 
 pytest.importorskip("ray", reason="ray is installed by the test environment (twinkle-core[ray])")
+
+#: The run: 4 steps of 4 rows (<= 128 tokens) on the embedded tiny Qwen, SGD lr <= 0.5 (cosine), momentum 0.9,
+#: gradients clipped to norm <= 1 (optimizer.max_grad_norm's default).
+STEPS, LR, MOMENTUM, MAX_NORM = 4, 0.5, 0.9, 1.0
+#: One step's loss or gradient differs by step_bound() relative between the dp=2 and the one-process summation
+#: order (tests/rounding.py); step k also carries the k - 1 steps that made its weights, twice each (the
+#: argument of tests/distributed/dist_bounds.run_bound): 2 (steps - 1) + 1 step bounds. ~6e-4.
+REL = (2 * (STEPS - 1) + 1) * tiny_qwen(128, 4).step_bound()
+#: SGD with momentum is linear in the gradients: w_T - w_0 = -sum_t lr_t sum_{k<=t} momentum**(t-k) g_k, each
+#: clipped g_k of norm <= MAX_NORM and off by <= 2 REL of it (its own rounding and the clipping norm's), so
+#: the trained weights (all of them, by norm) differ by at most this. ~5e-3.
+ROOM = 2 * REL * LR * MAX_NORM * sum(MOMENTUM ** (t - k) for t in range(STEPS) for k in range(t + 1))
 
 RAY = ("--infra.mode", "ray", "--infra.dp-size", "2", "--infra.num-cpus", "2", "--infra.timeout-s", "120")
 
@@ -25,12 +38,12 @@ def _losses(work_dir: Path) -> list[float]:
 
 def test_ray_dp2_matches_the_single_process_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    # SGD with momentum: the update is linear in the gradient, so the dp=2 reduction order (~1e-7) stays ~1e-7
-    # in the weights. AdamW divides by sqrt(v): an element whose gradient is near eps turns that noise into
-    # up to lr * noise / eps (3.8e-5 on the shipped tiny weights), which says nothing about ray.
-    job = tiny_job(tmp_path / "local", total_step=4, dataset={"train_samples": 16, "eval_samples": 4,
+    # SGD with momentum: the update is linear in the gradient, so the dp=2 reduction order's rounding stays
+    # within ROOM in the weights. AdamW divides by sqrt(v): an element whose gradient is near eps turns that
+    # noise into up to lr * noise / eps (3.8e-5 on the shipped tiny weights), which says nothing about ray.
+    job = tiny_job(tmp_path / "local", total_step=STEPS, dataset={"train_samples": 16, "eval_samples": 4,
                                                               "max_length": 128}, eval_interval=4,
-                   optimizer={"name": "SGD", "lr": 0.5, "kwargs": {"momentum": 0.9}})
+                   optimizer={"name": "SGD", "lr": LR, "kwargs": {"momentum": MOMENTUM}})
     config = write_config(tmp_path / "job.yaml", job)
     local = run_train(config, cwd=tmp_path)
     assert local.returncode == 0, local.stderr[-3000:]
@@ -39,7 +52,7 @@ def test_ray_dp2_matches_the_single_process_run(tmp_path: Path, monkeypatch: pyt
     assert ray.returncode == 0, ray.stderr[-3000:]
 
     want, got = _losses(tmp_path / "local"), _losses(ray_dir)
-    assert len(want) == 4 and got == pytest.approx(want, abs=1e-5, rel=0)
+    assert len(want) == STEPS and got == pytest.approx(want, rel=REL, abs=0)
     last = ray_dir / "checkpoints" / "step-00000004"
     assert "twinkle train: finished at step 4/4" in ray.stdout and f"checkpoint: {last}" in ray.stdout
     assert [s for s, _ in store.list_checkpoints(ray_dir / "checkpoints")] == [2, 4]
@@ -55,8 +68,11 @@ def test_ray_dp2_matches_the_single_process_run(tmp_path: Path, monkeypatch: pyt
     assert json.loads((model_dir / "trainer_state.json").read_text())["cur_step"] == 4
     trained, reference = load_weights(model_dir), load_weights(local_model)
     assert sorted(trained) == sorted(reference)
-    for key, value in reference.items():
-        torch.testing.assert_close(trained[key], value, atol=3e-5, rtol=1e-5, msg=key)
+    diff = torch.cat([(trained[k] - v).flatten() for k, v in reference.items()]).norm().item()
+    assert diff <= ROOM, (diff, ROOM)
+    # not vacuous: lora_B starts at zero, so its final norm is (part of) the update: far beyond ROOM
+    moved = torch.cat([v.flatten() for k, v in reference.items() if "lora_B" in k]).norm().item()
+    assert moved > 10 * ROOM, (moved, ROOM)
     assert (ray_dir / "best-checkpoint" / "adapter_model.safetensors").is_file()  # eval ran in the actors
 
 
