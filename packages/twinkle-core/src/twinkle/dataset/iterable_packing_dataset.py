@@ -8,7 +8,7 @@ from typing import Any
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.iterable_dataset import IterableDataset
 from twinkle.dataset.meta import DatasetMeta
-from twinkle.dataset.packing import PackReport, pack_lengths, pack_row
+from twinkle.dataset.packing import PackReport, pack_budget, pack_lengths, pack_row
 
 
 class IterablePackingDataset(IterableDataset):
@@ -42,12 +42,7 @@ class IterablePackingDataset(IterableDataset):
         Args:
             max_length: the pack budget; defaults to the template's ``max_length``.
         """
-        if self.template is None:
-            raise DataError("pack_dataset() needs a template: set_template(..., max_length=N) first.")
-        max_length = max_length if max_length is not None else self.template.max_length
-        if max_length is None:
-            raise DataError("pack_dataset() needs a token budget: set_template(..., max_length=N) or "
-                            "pack_dataset(max_length=N).")
+        max_length = pack_budget(self.template, max_length)
         if not any(step.kind == "encode" for step in self._steps):
             self.encode()
         self.max_length = int(max_length)

@@ -28,6 +28,26 @@ PACKED_TOKEN_COLUMNS = ("input_ids", "labels", "target_tokens", "weights", "logp
 REBUILT_COLUMNS = ("length", "position_ids", "attention_mask")
 
 
+def pack_budget(template: Any, max_length: int | None, needs: str = "a template") -> int:
+    """The tokens per pack: ``max_length`` or the template's, refused naming the fix when neither is set.
+
+    Args:
+        template: the dataset's template (None when ``set_template`` was not called).
+        max_length: the budget ``pack_dataset`` was given, or None.
+        needs: what ``pack_dataset`` needs besides, for the message.
+
+    Returns:
+        The budget in tokens.
+    """
+    if template is None:
+        raise DataError(f"pack_dataset() needs {needs}: set_template(..., max_length=N) first.")
+    max_length = max_length if max_length is not None else template.max_length
+    if max_length is None:
+        raise DataError("pack_dataset() needs a token budget: set_template(..., max_length=N) or "
+                        "pack_dataset(max_length=N).")
+    return max_length
+
+
 def pack_lengths(lengths: Sequence[int], max_length: int, first_index: int = 0) -> list[list[int]]:
     """Best-fit-decreasing packs of ``lengths`` (each a list of positions into ``lengths``).
 

@@ -8,7 +8,7 @@ from typing import Any
 from twinkle.dataset.dataset import Dataset
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.meta import DatasetMeta
-from twinkle.dataset.packing import PackReport, pack_lengths, pack_row
+from twinkle.dataset.packing import PackReport, pack_budget, pack_lengths, pack_row
 from twinkle.log import get_logger
 
 
@@ -37,12 +37,7 @@ class PackingDataset(Dataset):
         Returns:
             The :class:`~twinkle.dataset.packing.PackReport` (also kept as ``pack_report`` and logged).
         """
-        if self.template is None:
-            raise DataError("pack_dataset() needs a template and encoded rows: set_template(...), encode() first.")
-        max_length = max_length if max_length is not None else self.template.max_length
-        if max_length is None:
-            raise DataError("pack_dataset() needs a token budget: set_template(..., max_length=N) or "
-                            "pack_dataset(max_length=N).")
+        max_length = pack_budget(self.template, max_length, needs="a template and encoded rows (encode() too)")
         self._packs = None  # the encoded rows themselves, not packs of them
         table = self.hf_dataset
         if "length" not in table.column_names:
