@@ -11,7 +11,7 @@ from twinkle.errors import MissingBackendError
 from twinkle.model import TwinkleModel
 from twinkle.registry import set_registry
 
-# The methods seed 001 lists for TwinkleModel, plus resume_from_checkpoint from seed 000.
+# The methods of the TwinkleModel API (docs/architecture.md), resume_from_checkpoint included.
 SEED_METHODS = {
     "forward", "forward_only", "calculate_loss", "backward", "forward_backward", "clip_grad_norm", "step",
     "zero_grad", "lr_step", "clip_grad_and_step", "set_loss", "set_optimizer", "set_lr_scheduler", "save", "load",

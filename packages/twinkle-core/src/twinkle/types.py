@@ -1,6 +1,6 @@
 """The public types of a loss's two arguments: a collated batch and what the model's forward returned.
 
-A loss is called ``loss(inputs, outputs, **kwargs)`` (seed 001's ``set_loss`` signature:
+A loss is called ``loss(inputs, outputs, **kwargs)`` (``set_loss``'s signature:
 ``Callable[[InputFeature, ModelOutput, ...], torch.Tensor]``):
 
 * :class:`InputFeature` — the batch as the model's processor collated it: a dict of tensors, every

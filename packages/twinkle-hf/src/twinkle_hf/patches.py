@@ -1,6 +1,6 @@
 """twinkle-hf's model patches (registered as the ``patch`` kind; see ``twinkle.patch``).
 
-``TransformersFusedCEPatch`` is the fused-CE patch seed 003's script names: after it, a causal LM
+``TransformersFusedCEPatch`` is the fused-CE patch the reference user script names: after it, a causal LM
 never builds its (batch, seq, vocab) logits to compute a cross-entropy.
 
 - On the transformers module: ``model(input_ids, labels=...)`` returns the loss computed by the

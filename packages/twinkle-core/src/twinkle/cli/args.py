@@ -1,4 +1,4 @@
-"""``CLI``: the argument object a training script reads (``args = CLI.from_args()``; seed 003's flow).
+"""``CLI``: the argument object a training script reads (``args = CLI.from_args()``; the reference user script's flow).
 
 Options are grouped (``args.training.batch_size``) so one name means one thing in scripts, config
 files and the environment alike. Subclass it as a dataclass to add groups of your own::

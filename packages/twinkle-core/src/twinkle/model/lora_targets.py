@@ -1,4 +1,4 @@
-"""peft's default LoRA targets, for configs that name none (``LoraConfig(r=16, lora_alpha=32)``, seed 001).
+"""peft's default LoRA targets, for configs that name none (``LoraConfig(r=16, lora_alpha=32)``).
 
 peft itself fills ``target_modules=None`` from its table of defaults per transformers model type
 (q_proj and v_proj for Qwen, Llama, Mistral...). Backends that take a LoraConfig outside

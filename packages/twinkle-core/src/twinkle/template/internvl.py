@@ -8,7 +8,7 @@ every ``<IMG_CONTEXT>`` placeholder the chat template writes into ``<img>`` + ``
 InternVL 2.5's (ChatML with its default system prompt). Collation asks the image processor for the
 batch's ``pixel_values`` (tiles x 3 x H x W) the way the processor would (``crop_to_patches=True``).
 
-Seed 001 lists InternVL 2.5 for images; a row with a video is refused with that reason.
+InternVL 2.5 is supported for images; a row with a video is refused with that reason.
 """
 
 from __future__ import annotations
@@ -31,5 +31,5 @@ class InternVL2_5Template(VLTemplate):
     fallback_chat_template = chat_templates.INTERNVL2_5
     packing_refusal: ClassVar[str] = INTERNVL_PACKING
     video_refusal: ClassVar[str | None] = (
-        "InternVL 2.5 takes images (seed 001 lists it for images); give the video's frames as images "
+        "InternVL 2.5 takes images (it is supported for images); give the video's frames as images "
         "(one <image> tag each) or use a Qwen-VL family for videos.")

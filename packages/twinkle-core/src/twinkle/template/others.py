@@ -1,4 +1,4 @@
-"""Templates of the other language families of seed 001: Mistral, Yi, GLM-4, InternLM2.5.
+"""Templates of the other supported language families: Mistral, Yi, GLM-4, InternLM2.5.
 
 Each renders the family's published conversation format (twinkle's own Jinja, used when the
 tokenizer brings no chat template), with ``{% generation %}`` around what a reply trains on.

@@ -2,7 +2,7 @@
 
 The loop drives the TwinkleModel API (forward_backward, clip_grad_and_step, calculate_metric, save,
 resume_from_checkpoint), so any registered model works. ``build_engine`` and ``build_lr_scheduler`` are
-xtuner v1's (seed 004) public builders. See docs/trainer.md.
+xtuner v1's public builders. See docs/trainer.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Qwen3.5-MoE, DeepSeek-V3/R1), a sigmoid output gate on attention and zero-centre
 (Qwen3.5: ``x_norm * (1 + w)``), multi-latent attention (DeepSeek-V3/R1). Yi-1.5 checkpoints are
 ``llama``.
 
-:data:`UNMAPPED` names the seed-001 families the bridge knows it cannot build, and why.
+:data:`UNMAPPED` names the supported families the bridge knows it cannot build, and why.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ FAMILIES: tuple[Family, ...] = (
            shared_expert="shared_experts"),
 )
 
-#: model types of seed-001 families megatron-core 0.16 cannot build through this bridge, with the reason
+#: model types of supported families megatron-core 0.16 cannot build through this bridge, with the reason
 UNMAPPED: dict[str, str] = {
     "deepseek_v4": (
         "DeepSeek V4 (DeepseekV4ForCausalLM) has no megatron-core 0.16 counterpart: its manifold-constrained "

@@ -1,6 +1,6 @@
 """Megatron training arguments given to ``MegatronModel(**kwargs)``, each sent to the object it configures.
 
-Seed 001: "all Megatron initialisation arguments can be passed in kwargs". megatron-core spreads
+The model API passes every Megatron initialisation argument through kwargs. megatron-core spreads
 them over several objects, so each name goes where megatron itself reads it:
 
 - ``TransformerConfig`` fields (``recompute_granularity``, ``recompute_method``, dropout...) build the model;
