@@ -22,6 +22,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("filterwarnings", f"ignore:.*{message}.*")
 
 
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-step ``tiny_job`` run (4 rows per step: 2 micro-batches of 2) with checkpoints at steps 2 and 4;
+    tests copy it (``hostile_testing.copy_run``) before damaging it."""
+    from trainer_testing import tiny_job
+
+    from twinkle.trainer import Trainer
+
+    wd = tmp_path_factory.mktemp("run") / "wd"
+    Trainer(**tiny_job(wd, total_step=4)).fit()
+    return wd
+
+
 @pytest.fixture(autouse=True)
 def _cpu_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TWINKLE_DEVICE", "cpu")

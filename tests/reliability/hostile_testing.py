@@ -17,6 +17,15 @@ class Payload:
         return (exec, (f"open({self.marker!r}, 'w').write('pwned')",))
 
 
+def copy_run(finished: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the ``finished`` run's work dir under ``tmp_path`` and its step-4 checkpoint."""
+    import shutil
+
+    wd = tmp_path / "wd"
+    shutil.copytree(finished, wd)
+    return wd, wd / "checkpoints" / "step-00000004"
+
+
 def write_payload(path: Path, marker: Path) -> None:
     """Replace ``path`` with a pickle that would create ``marker`` when unpickled."""
     path.write_bytes(pickle.dumps(Payload(marker)))

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
+from hostile_testing import copy_run as _copy
 from trainer_testing import assert_bitwise_equal, load_weights, tiny_job
 
 from twinkle.checkpoint import CheckpointError
@@ -21,20 +21,6 @@ from twinkle.config import ConfigError
 from twinkle.trainer import Trainer, store
 
 STEP2, STEP4 = "step-00000002", "step-00000004"
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A 4-step run (4 rows per step: 2 micro-batches of 2) with checkpoints at steps 2 and 4, copied per test."""
-    wd = tmp_path_factory.mktemp("run") / "wd"
-    Trainer(**tiny_job(wd, total_step=4)).fit()
-    return wd
-
-
-def _copy(finished: Path, tmp_path: Path) -> tuple[Path, Path]:
-    wd = tmp_path / "wd"
-    shutil.copytree(finished, wd)
-    return wd, wd / "checkpoints" / STEP4
 
 
 def _recompute_manifests(path: Path) -> None:

@@ -11,24 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from hostile_testing import copy_run as _copy
 from trainer_testing import assert_bitwise_equal, load_weights, tiny_job
 
 from twinkle.checkpoint import CheckpointError, capture_rng_state, torch_save
 from twinkle.trainer import Trainer, store
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A 4-step run with checkpoints at steps 2 and 4 (copied per test)."""
-    wd = tmp_path_factory.mktemp("run") / "wd"
-    Trainer(**tiny_job(wd, total_step=4)).fit()
-    return wd
-
-
-def _copy(finished: Path, tmp_path: Path) -> tuple[Path, Path]:
-    wd = tmp_path / "wd"
-    shutil.copytree(finished, wd)
-    return wd, wd / "checkpoints" / "step-00000004"
 
 
 def _rewrite_manifest(path: Path) -> None:
