@@ -215,6 +215,10 @@ class Dataset:
         dropped by ``truncation_strategy='delete'`` (or left with no trained token) are counted in a
         warning. Pass ``load_from_cache_file=True`` to reuse a cached encoding (keyed by the source,
         the tokenizer, the chat template and the template settings).
+
+        Preference rows (``chosen`` and ``rejected`` columns beside ``messages`` or ``prompt``) encode to
+        two rows each, chosen then rejected (``Template.encode_preference``), sharing a ``group_id``; a
+        ``group_id`` column of the rows is kept. Packing keeps a group's rows together.
         """
         from datasets.fingerprint import Hasher
 
@@ -226,13 +230,14 @@ class Dataset:
         template_fp = template.fingerprint()  # also loads the tokenizer once, before any worker forks
         updated = {}
         for key, ds in self._parts.items():
-            if "messages" not in ds.column_names:
+            preference = transforms.is_preference(ds.column_names)
+            if "messages" not in ds.column_names and not (preference and "prompt" in ds.column_names):
                 raise DataError(
                     f"{self._metas[key].describe()} has columns {ds.column_names}, not 'messages'. Map it to the "
                     "standard format first, e.g. dataset.map(MessagesProcessor()) or dataset.map(AlpacaProcessor())."
                 )
             out = ds.map(transforms.EncodeBatch(template), batched=True, with_indices=True, batch_size=batch_size,
-                         remove_columns=ds.column_names, features=transforms.encoded_features(template),
+                         remove_columns=ds.column_names, features=transforms.encoded_features(template, ds.features),
                          num_proc=num_proc,
                          new_fingerprint=Hasher.hash([ds._fingerprint, template_fp, "twinkle-encode"]),
                          desc="twinkle encode", **{"load_from_cache_file": False, **map_kwargs})

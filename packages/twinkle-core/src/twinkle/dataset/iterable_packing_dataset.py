@@ -8,7 +8,7 @@ from typing import Any
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.iterable_dataset import IterableDataset
 from twinkle.dataset.meta import DatasetMeta
-from twinkle.dataset.packing import PackReport, pack_budget, pack_lengths, pack_row
+from twinkle.dataset.packing import GROUP_COLUMN, PackReport, pack_budget, pack_groups, pack_row, row_groups
 
 
 class IterablePackingDataset(IterableDataset):
@@ -16,6 +16,8 @@ class IterablePackingDataset(IterableDataset):
 
     Rows are read ``packing_interval`` at a time, encoded, and packed best-fit-decreasing (see
     :mod:`twinkle.dataset.packing`); the packs of one buffer come out before the next buffer is read.
+    Rows sharing a ``group_id`` pack together; the last group of a buffer is held for the next one,
+    since the stream may go on with more of its rows.
     ``cyclic=True`` starts the stream over when it ends (an endless stream: train by steps).
 
     Packing needs every row encoded, so unlike a plain stream it is done on every data-parallel rank
@@ -60,25 +62,30 @@ class IterablePackingDataset(IterableDataset):
         position = 0
         while True:
             buffer: list[tuple[str, dict[str, Any]]] = []
+            carry: list[dict[str, Any]] = []  # a group's rows seen so far: it may go on in the next buffer
             for item in super().rows(epoch, 0, shuffle_buffer, seed):
                 buffer.append(item)
                 if len(buffer) == self.packing_interval:
-                    yield from self._pack(buffer, position)
+                    rows, carry = _hold_last_group(carry + self._encode(buffer, position))
+                    yield from self._pack(rows, position)
                     position, buffer = position + len(buffer), []
-            if buffer:
-                yield from self._pack(buffer, position)
-                position += len(buffer)
+            rows = carry + (self._encode(buffer, position) if buffer else [])
+            if rows:
+                yield from self._pack(rows, position)
+            position += len(buffer)
             if not self.cyclic:
                 return
             if position == 0:
                 raise DataError("a cyclic IterablePackingDataset over an empty stream would never give a pack.")
             epoch += 1
 
-    def _pack(self, buffer: list[tuple[str, dict[str, Any]]], position: int) -> Iterator[dict[str, Any]]:
-        rows = super().transform([r for _, r in buffer], [k for k, _ in buffer],
+    def _encode(self, buffer: list[tuple[str, dict[str, Any]]], position: int) -> list[dict[str, Any]]:
+        return super().transform([r for _, r in buffer], [k for k, _ in buffer],
                                  list(range(position, position + len(buffer))))
+
+    def _pack(self, rows: list[dict[str, Any]], position: int) -> Iterator[dict[str, Any]]:
         lengths = [len(r["input_ids"]) for r in rows]
-        packs = pack_lengths(lengths, self.max_length, position)
+        packs = pack_groups(lengths, row_groups(rows), self.max_length, position)
         self._report[0] += len(rows)
         self._report[1] += len(packs)
         self._report[2] += sum(lengths)
@@ -106,3 +113,13 @@ class IterablePackingDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return (pack for _, pack in self.rows())
+
+
+def _hold_last_group(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows to pack now, the trailing rows of the last row's group, which the next buffer may continue)."""
+    if not rows or rows[-1].get(GROUP_COLUMN) is None:
+        return rows, []
+    group, start = rows[-1][GROUP_COLUMN], len(rows) - 1
+    while start > 0 and rows[start - 1].get(GROUP_COLUMN) == group:
+        start -= 1
+    return rows[:start], rows[start:]

@@ -8,7 +8,7 @@ from typing import Any
 from twinkle.dataset.dataset import Dataset
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.meta import DatasetMeta
-from twinkle.dataset.packing import PackReport, pack_budget, pack_lengths, pack_row
+from twinkle.dataset.packing import GROUP_COLUMN, PackReport, pack_budget, pack_groups, pack_row
 from twinkle.log import get_logger
 
 
@@ -18,7 +18,8 @@ class PackingDataset(Dataset):
     Each item is then a pack row (see :mod:`twinkle.dataset.packing`); ``len()`` counts packs. Feed
     the packs to a model through ``InputProcessor(padding_free=True)``: the loss over a batch of packs
     is the loss over the same rows unpacked, per token. ``packing_num_proc`` is accepted for upstream
-    compatibility; packing is one pass over the ``length`` column and needs no processes.
+    compatibility; packing is one pass over the ``length`` column and needs no processes. Consecutive
+    rows sharing a ``group_id`` (preference pairs, see ``encode``) are packed together, in order.
     """
 
     def __init__(self, dataset_meta: DatasetMeta | str | None = None, packing_num_proc: int = 1,
@@ -44,7 +45,8 @@ class PackingDataset(Dataset):
             raise DataError(f"pack_dataset() needs encoded rows (a 'length' column); the dataset has columns "
                             f"{table.column_names}. Call encode() first.")
         lengths = table.data.column("length").to_numpy()
-        packs = pack_lengths(lengths.tolist(), max_length)
+        groups = table.data.column(GROUP_COLUMN).to_pylist() if GROUP_COLUMN in table.column_names else None
+        packs = pack_groups(lengths.tolist(), groups, max_length)
         self._packs = packs
         self.pack_report = PackReport(rows=len(lengths), packs=len(packs), tokens=int(lengths.sum()),
                                       max_length=max_length)

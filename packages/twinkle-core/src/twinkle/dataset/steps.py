@@ -16,6 +16,7 @@ from typing import Any, Literal
 from twinkle.dataset import transforms
 from twinkle.dataset.batched import BatchCall, function_name, looks_batched, to_columns
 from twinkle.dataset.errors import DataError
+from twinkle.dataset.packing import GROUP_COLUMN
 from twinkle.log import get_logger
 
 StepKind = Literal["preprocess", "row", "batched", "filter", "encode"]
@@ -129,4 +130,6 @@ def _apply(step: Step, rows: list[dict[str, Any]], indices: list[int],
         drops.add(f"{step.kind}({step.name})", [m for m in marks if m is not None])
     kept = [k for k, m in enumerate(marks) if m is None]
     out = transforms.to_rows(cols)
-    return [out[k] for k in kept], [indices[k] for k in kept]
+    # a preference pair is two rows out of one: each names its source row in its group id
+    positions = indices if len(marks) == len(rows) else cols[GROUP_COLUMN]
+    return [out[k] for k in kept], [positions[k] for k in kept]

@@ -120,20 +120,52 @@ class RowCall:
 
 
 class EncodeBatch:
-    """Encode rows with a Template; rows it drops are marked with the reason."""
+    """Encode rows with a Template; rows it drops are marked with the reason.
+
+    Rows with ``chosen`` and ``rejected`` columns are preference rows: each becomes two rows
+    (``Template.preference_pair``: chosen, then rejected) whose ``group_id`` is the source row's
+    index, so packing keeps the pair together (a pair truncation drops goes as one marked row).
+    A ``group_id`` column of the rows themselves (a pair stored as two rows) is kept.
+    """
 
     def __init__(self, template: Any) -> None:
         self.template = template
         self.columns = (*ENCODED_COLUMNS, *_extra_features(template))
 
     def __call__(self, batch: Mapping[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        if is_preference(batch):
+            return self._pairs(batch, indices)
+        from twinkle.dataset.packing import GROUP_COLUMN
+
         results = self.template.batch_encode(to_rows(batch), indices)
         out: dict[str, list[Any]] = {c: [] for c in (*self.columns, DROP_COLUMN)}
         for encoded, reason in results:
-            for c in self.columns:
-                out[c].append(encoded.get(c) if encoded is not None else ([] if c != "length" else 0))
-            out[DROP_COLUMN].append(reason)
+            self._add(out, encoded, reason)
+        if GROUP_COLUMN in batch:  # rows the data marks as one group (one answer each) stay marked
+            out[GROUP_COLUMN] = list(batch[GROUP_COLUMN])
         return out
+
+    def _add(self, out: dict[str, list[Any]], encoded: Mapping[str, Any] | None, reason: str | None) -> None:
+        for c in self.columns:
+            out[c].append(encoded.get(c) if encoded is not None else ([] if c != "length" else 0))
+        out[DROP_COLUMN].append(reason)
+
+    def _pairs(self, batch: Mapping[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        from twinkle.dataset.packing import GROUP_COLUMN
+
+        out: dict[str, list[Any]] = {c: [] for c in (*self.columns, GROUP_COLUMN, DROP_COLUMN)}
+        drop = getattr(self.template, "truncation_strategy", None) == "delete"
+        for row, index in zip(to_rows(batch), indices):
+            pair, reason = self.template.preference_pair(row, index, drop=drop)
+            for encoded in pair or (None,):
+                self._add(out, encoded, reason)
+                out[GROUP_COLUMN].append(index)
+        return out
+
+
+def is_preference(columns: Any) -> bool:
+    """Whether rows with these columns are preference rows (``chosen`` and ``rejected``)."""
+    return "chosen" in columns and "rejected" in columns
 
 
 def _extra_features(template: Any) -> dict[str, Any]:
@@ -142,13 +174,19 @@ def _extra_features(template: Any) -> dict[str, Any]:
     return dict(extra()) if callable(extra) else {}
 
 
-def encoded_features(template: Any = None) -> Any:
+def encoded_features(template: Any = None, source: Any = None) -> Any:
+    """The features of encoded rows; ``source`` (the raw rows' features) decides the ``group_id`` column."""
     import datasets
 
+    from twinkle.dataset.packing import GROUP_COLUMN
+
     ids = datasets.Sequence(datasets.Value("int32"))
+    source = source or {}
+    group = {GROUP_COLUMN: datasets.Value("int64")} if is_preference(source) else \
+        {GROUP_COLUMN: source[GROUP_COLUMN]} if GROUP_COLUMN in source else {}
     return datasets.Features({
         "input_ids": ids, "labels": ids, "attention_mask": datasets.Sequence(datasets.Value("int8")),
-        "position_ids": ids, "length": datasets.Value("int32"), **_extra_features(template),
+        "position_ids": ids, "length": datasets.Value("int32"), **_extra_features(template), **group,
         DROP_COLUMN: datasets.Value("string"),
     })
 

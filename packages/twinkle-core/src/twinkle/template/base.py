@@ -172,7 +172,20 @@ class Template:
 
         ``row``: ``messages`` (or ``prompt``: a message list or a user string) and ``chosen`` / ``rejected``
         (a string, an assistant message, or a one-message list). Feed the pair as two consecutive rows to a
-        preference loss (``dpo``, ``ipo``, ``simpo``, ``orpo``).
+        preference loss (``dpo``, ``ipo``, ``simpo``, ``orpo``). ``Dataset.encode`` calls this for rows
+        with ``chosen`` and ``rejected`` columns.
+        """
+        pair, _ = self.preference_pair(row)
+        return pair
+
+    def preference_pair(self, row: Mapping[str, Any], index: int = 0, drop: bool = False
+                        ) -> tuple[tuple[dict[str, Any], dict[str, Any]] | None, str | None]:
+        """``((chosen, rejected), None)``, or with ``drop`` ``(None, why)`` for a pair truncation dropped.
+
+        Args:
+            row: as for :meth:`encode_preference`.
+            index: the dataset row, named in errors.
+            drop: return a dropped pair instead of raising (``truncation_strategy='delete'``).
         """
         prompt = row.get("messages", row.get("prompt"))
         if isinstance(prompt, str):
@@ -193,14 +206,16 @@ class Template:
                                 f"{type(row.get(key)).__name__}.")
             answers.append({"messages": [*prompt, {"role": "assistant", "content": answer, "loss": True}],
                             "tools": row.get("tools")})
-        (chosen, why_c), (rejected, why_r) = self.batch_encode(answers)
+        (chosen, why_c), (rejected, why_r) = self.batch_encode(answers, [index, index])
         if chosen is None or rejected is None:
+            if drop:
+                return None, why_c or why_r
             raise DataError(f"the preference pair could not be encoded: {why_c or why_r}.")
         start = [next(i for i, label in enumerate(e["labels"]) if label != IGNORE_INDEX) for e in (chosen, rejected)]
         if start[0] != start[1] or chosen["input_ids"][:start[0]] != rejected["input_ids"][:start[1]]:
             raise DataError("the chosen and rejected answers render different prompts with this chat template; a "
                             "preference pair must share its prompt tokens.")
-        return chosen, rejected
+        return (chosen, rejected), None
 
     def _tokenize(self, texts: list[str]) -> list[tuple[list[int], Any]]:
         """(ids, spans -> labels) per text. Uses the Rust tokenizer directly when the HF wrapper adds nothing
