@@ -5,7 +5,8 @@ row is reached by seeking: whole row groups / record batches / fragments before 
 their metadata, never decoded. JSON Lines, JSON, CSV/TSV and text files go through HF ``datasets``
 in streaming mode (chunks of the file parsed by pyarrow); these formats have no row index, so a
 start row is reached by parsing the rows before it (``IterableDataset.skip``). In-memory rows and
-``data_slice`` ranges are sliced directly.
+``data_slice`` ranges are sliced directly. Hub ids and local dataset repositories stream through
+``datasets.load_dataset`` (:mod:`twinkle.dataset.repo_stream`), never downloaded whole first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.loading import FILE_BUILDERS
 from twinkle.dataset.meta import DatasetMeta
+from twinkle.dataset.repo_stream import count_repo, is_repo_source, iter_repo
 from twinkle.hub import resolve_path
 
 #: rows per record batch read from parquet / arrow / lance
@@ -79,7 +81,10 @@ def iter_source(meta: DatasetMeta, start: int = 0, **load_kwargs: Any) -> Iterat
             rows = [dict(zip(rows, values)) for values in zip(*rows.values())] if hasattr(rows, "values") \
                 else list(rows)
         return iter(rows[begin:end])
-    rows = _iter_files(source_files(meta), begin, **load_kwargs)
+    if is_repo_source(meta):
+        rows = iter_repo(meta, begin, **load_kwargs)
+    else:
+        rows = _iter_files(source_files(meta), begin, **load_kwargs)
     return rows if end is None else itertools.islice(rows, end - begin)
 
 
@@ -88,6 +93,8 @@ def count_rows(meta: DatasetMeta, **load_kwargs: Any) -> int:
     first, end = slice_bounds(meta)
     if meta.data is not None:
         total = len(meta.data) if isinstance(meta.data, list) else len(next(iter(meta.data.values()), []))
+    elif is_repo_source(meta):
+        total = count_repo(meta, **load_kwargs)
     else:
         total = 0
         for path in source_files(meta):
