@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from twinkle.dataloader.sampler import BatchPlan
-from twinkle.dataloader.stream import StreamBatches, StreamLoader
+from twinkle.dataloader.stream import StartMethod, StreamBatches, StreamLoader
 from twinkle.dataset.errors import DataError
 from twinkle.mesh import DeviceMesh
 from twinkle.registry import resolve
@@ -30,7 +30,10 @@ class DataLoader:
 
     Over an :class:`~twinkle.dataset.IterableDataset` (see :mod:`twinkle.dataloader.stream`):
     ``shuffle`` is a shuffle buffer of ``shuffle_buffer`` rows seeded with (``seed``, epoch), and
-    ``num_workers`` worker processes map and encode the batches; ``len()`` is not known.
+    ``num_workers`` worker processes map and encode the batches, started with
+    ``multiprocessing_context`` (torch's default when None: ``fork`` on Linux; ``spawn`` and
+    ``forkserver`` need a picklable dataset, checked before a worker starts); ``len()`` is not
+    known. Batches stay full when a step drops rows (the next rows fill them).
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class DataLoader:
         rank: int | None = None,
         shuffle_buffer: int = 1000,
         num_workers: int = 0,
+        multiprocessing_context: StartMethod | None = None,
     ) -> None:
         from twinkle.runtime import get_runtime
 
@@ -60,6 +64,9 @@ class DataLoader:
         for name, value in (("shuffle_buffer", shuffle_buffer), ("num_workers", num_workers)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise DataError(f"{name} must be a non-negative integer, got {value!r}.")
+        if multiprocessing_context not in (None, "fork", "spawn", "forkserver"):
+            raise DataError(f"multiprocessing_context must be 'fork', 'spawn', 'forkserver' or None (torch's default), "
+                            f"got {multiprocessing_context!r}.")
         if num_workers and not stream:
             raise DataError("num_workers applies to an IterableDataset; a map-style Dataset is read in-process "
                             "(use LazyDataset or encode(num_proc=...) to spread its work).")
@@ -79,7 +86,7 @@ class DataLoader:
                       data_world_size=self.device_mesh.data_world_size, shuffle=shuffle, seed=seed)
             self.stream = StreamLoader(StreamBatches(
                 dataset, batch_size, min_batch_size, self.data_rank, self.device_mesh.data_world_size,
-                shuffle_buffer if shuffle else 0, seed), num_workers)
+                shuffle_buffer if shuffle else 0, seed), num_workers, multiprocessing_context)
             self._batch_size = batch_size
         else:
             if len(dataset) == 0:
@@ -148,15 +155,32 @@ class DataLoader:
             return self.dataset.get_rows(indices)
         return [self.dataset[i] for i in indices]
 
-    def get_state(self) -> dict[str, int]:
-        """``{'consumed_train_samples': n}``: global samples handed out so far, across epochs."""
-        return {"consumed_train_samples": self._consumed}
+    def get_state(self) -> dict[str, Any]:
+        """``{'consumed_train_samples': n}``: global samples handed out so far, across epochs.
 
-    def resume_from_checkpoint(self, consumed_train_samples: int) -> None:
-        """Continue after ``consumed_train_samples`` global samples, exactly where that run was."""
+        Over a stream also ``'stream_position'``: ``[epoch, chunk, offset]`` of the next row, which
+        :meth:`resume_from_checkpoint` takes to reopen the stream there without reading what came before.
+        """
+        state: dict[str, Any] = {"consumed_train_samples": self._consumed}
         if self.stream is not None:
-            self.stream.batches_from(consumed_train_samples)  # validates before changing anything
+            state["stream_position"] = self.stream.position(self._consumed).as_list()
+        return state
+
+    def resume_from_checkpoint(self, consumed_train_samples: int, stream_position: Sequence[int] | None = None
+                               ) -> None:
+        """Continue after ``consumed_train_samples`` global samples, exactly where that run was.
+
+        Args:
+            consumed_train_samples: global samples the run had handed out (``get_state()``).
+            stream_position: over a stream, ``get_state()['stream_position']`` of that run; without it a
+                stream whose steps may drop or split rows is read and transformed up to the count.
+        """
+        if self.stream is not None:
+            self.stream.resume(consumed_train_samples, stream_position)  # validates before changing anything
         else:
+            if stream_position is not None:
+                raise DataError("stream_position applies to a DataLoader over an IterableDataset; this one reads a "
+                                "map-style dataset, placed by consumed_train_samples alone.")
             self.plan.position(consumed_train_samples)  # validates before changing anything
         self._consumed = consumed_train_samples
 

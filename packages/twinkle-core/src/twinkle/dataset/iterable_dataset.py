@@ -211,6 +211,16 @@ class IterableDataset:
         """Apply the recorded steps to rows at stream positions ``indices`` (what a DataLoader calls)."""
         return apply_steps(self._steps, rows, indices, sources, self.drops)
 
+    @property
+    def keeps_every_row(self) -> bool:
+        """Whether each row surely gives one row: no step that may drop or split rows (filter, preprocessor,
+        batched function, encode), so a DataLoader places a sample count by arithmetic."""
+        return all(step.kind == "row" for step in self._steps)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # sent to spawn/forkserver DataLoader workers: an open iteration is not part of the dataset
+        return {**self.__dict__, "_iter": None}
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         chunk: list[tuple[str, dict[str, Any]]] = []
         position = 0

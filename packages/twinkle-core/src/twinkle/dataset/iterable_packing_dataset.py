@@ -111,6 +111,10 @@ class IterablePackingDataset(IterableDataset):
                   ) -> list[dict[str, Any]]:
         return rows  # packs are encoded already
 
+    @property
+    def keeps_every_row(self) -> bool:
+        return True  # its rows are the packs, built (and rows dropped) before a DataLoader sees them
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return (pack for _, pack in self.rows())
 
