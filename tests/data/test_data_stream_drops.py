@@ -76,6 +76,11 @@ def test_dropped_rows_are_replaced_and_batches_stay_full(corpus):
     shuffled = ids(loader(corpus))
     assert all(len(b) == B for b in shuffled) and set(sum(shuffled, [])) <= set(survivors)
     assert sum(shuffled, []) != sum(whole, [])
+    # re-entered for every batch (as the Trainer does): the same batches, then an empty end of the epoch
+    ld = loader(corpus)
+    stepwise = [ids(itertools.islice(ld, 1)) for _ in range(len(shuffled) + 2)]
+    assert sum(stepwise[:len(shuffled)], []) == shuffled and stepwise[len(shuffled)] == []
+    assert len(stepwise[-1]) == 1 and ld.epoch == 1  # the next epoch's first batch
 
 
 def test_resume_is_exact_from_the_position_or_the_count(corpus, twinkle_log):

@@ -30,7 +30,6 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("options", "named"), [
-    ({"total_epoch": 1, "dataset": {"streaming": True}}, "total_epoch: 1 epochs of a stream"),
     ({"total_step": 2, "dataloader": {"shuffle_buffer": 10}}, "dataloader.shuffle_buffer: 10 applies to a stream"),
     ({"total_step": 2, "dataloader": {"pack_max_length": 100}}, "dataloader.pack_max_length: 100 tokens per pack"),
     ({"total_step": 2, "dataset": {"packing": True}, "loss": {"loss_reduction": "square"}},
@@ -48,11 +47,42 @@ def test_bad_combinations_are_refused_before_anything_loads(tmp_path: Path, opti
     assert not (tmp_path / "w").exists()  # refused while the config was built: nothing was created
 
 
-def test_cli_refuses_epochs_of_a_stream_naming_the_option_and_the_fix(tmp_path: Path) -> None:
-    proc = _cli(tmp_path, "--dataset.streaming", "true", "--total-epoch", "2")
-    assert proc.returncode != 0
-    assert "total_epoch: 2 epochs of a stream" in proc.stderr and "set total_step instead" in proc.stderr
-    assert "Traceback" not in proc.stderr and not (tmp_path / "output").exists()
+class StopAt:
+    """An after_train_step hook that asks its Trainer to stop (as Ctrl-C does: a checkpoint, then the end)."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.trainer = step, None
+
+    def connect_trainer(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def __call__(self, step: int, **_: Any) -> None:
+        if step == self.step:
+            self.trainer.request_stop()
+
+
+def test_epochs_of_a_stream_train_and_resume_across_the_epoch_boundary(tmp_path: Path) -> None:
+    """total_epoch over a stream: its batches per epoch are counted (here by one pass of map + encode, since
+    encode may drop rows), each epoch reshuffles its buffer, and a run stopped in the second epoch and
+    auto-resumed from its saved stream position ends with bitwise the weights of the uninterrupted run."""
+    from twinkle.trainer import Trainer
+
+    job = {"total_epoch": 2, "global_batch_size": 4, "progress_bar": False, "checkpoint_interval": 100,
+           "dataset": {"train_samples": 13, "max_length": MAX_LENGTH, "streaming": True},
+           "dataloader": {"shuffle_buffer": 6}, "optimizer": {"name": "SGD", "lr": 0.5}, "lr": {"scheduler": None}}
+    whole = Trainer(work_dir=str(tmp_path / "whole"), **job).fit()
+    assert whole.step == whole.total_step == 2 * (13 // 4)  # 3 full batches an epoch; the last row is left
+    parts = tmp_path / "parts"
+    first = Trainer(work_dir=str(parts), hooks={"after_train_step": StopAt(4)}, **job).fit()
+    assert first.step == 4 and first.interrupted
+    state = json.loads((parts / "checkpoints" / "step-00000004" / "trainer.json").read_text())
+    assert state["stream_position"][0] == 1 and state["consumed_train_samples"] == 16  # inside epoch 2
+    second = Trainer(work_dir=str(parts), auto_resume=True, **job).fit()
+    assert second.step == 6 and second.resumed_from.endswith("step-00000004")
+    name = "checkpoints/step-00000006/model"
+    assert_bitwise_equal(load_weights(parts / name), load_weights(tmp_path / "whole" / name))
+    whole_losses = _losses(tmp_path / "whole")
+    assert _losses(parts) == whole_losses and len(set(whole_losses.values())) == 6
 
 
 def test_packed_cli_run_has_the_loss_per_token_and_update_of_the_unpacked_run(tmp_path: Path) -> None:

@@ -124,6 +124,10 @@ class DataLoader:
                             "it has been read.")
         return self.plan.batches_per_epoch
 
+    def batches_per_epoch(self) -> int:
+        """Global batches in one epoch; over a stream it is counted (see ``StreamLoader.batches_per_epoch``)."""
+        return self.stream.batches_per_epoch() if self.stream is not None else len(self)
+
     @property
     def epoch(self) -> int:
         if self.stream is not None:

@@ -295,7 +295,8 @@ class StreamLoader:
 
     def batches(self, consumed: int, processor: Any) -> Iterator[tuple[int, Any]]:
         """``(global rows, this rank's batch)`` for the rest of the epoch the position after ``consumed`` is in."""
-        if self._live is not None and self._live[0] == consumed and self._live[1] is processor:
+        opened = not (self._live is not None and self._live[0] == consumed and self._live[1] is processor)
+        if not opened:
             _, _, start, it = self._live
         else:
             known = self._known[1] if consumed == self._known[0] else self.position(consumed)
@@ -320,7 +321,7 @@ class StreamLoader:
             yield size, batch
         self._live = None
         self._known = (position, StreamPosition(start.epoch + 1, 0, 0))
-        if not yielded and start.chunk == 0 and start.offset == 0:
+        if opened and not yielded and start.chunk == 0 and start.offset == 0:
             raise DataError(f"epoch {start.epoch} of the stream gave no batch of batch_size={self.plan.batch_size} "
                             f"(min_batch_size={self.plan.min_batch_size}); use more rows or a smaller batch_size.")
 

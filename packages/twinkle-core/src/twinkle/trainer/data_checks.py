@@ -38,10 +38,6 @@ def check_data_options(cfg: TrainerConfig) -> None:
         if source is not data and (source.streaming or source.packing):
             raise ConfigError(f"dataset.combine ({source.name or source.dataset_id}): streaming / packing apply to "
                               "all sources together; set them on the dataset group, not on one source.")
-    if data.streaming and cfg.total_epoch is not None:
-        raise ConfigError(f"total_epoch: {cfg.total_epoch} epochs of a stream (dataset.streaming) give no step "
-                          "count, since a stream has no length; set total_step instead (e.g. --total-step 1000).",
-                          option="total_epoch")
     if data.streaming:
         for source in data.sources():
             if source.sample_ratio != 1.0 or source.enable_sequential_sampler:

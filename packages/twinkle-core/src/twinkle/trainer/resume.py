@@ -57,7 +57,7 @@ def auto_resume(trainer: Any, loader: Any, total: int) -> tuple[dict[str, Any], 
             logger.warning("auto_resume: checkpoint %s is damaged (%s: %s); falling back to the previous one.",
                            path.name, type(exc).__name__, exc)
             continue
-        loader.resume_from_checkpoint(progress["consumed_train_samples"])
+        loader.resume_from_checkpoint(progress["consumed_train_samples"], **stream_position(loader, state))
         logger.info("auto_resume: resumed from %s (step %d, %d samples consumed)", path, step,
                     progress["consumed_train_samples"])
         return state, path
@@ -123,6 +123,11 @@ def check_progress(trainer: Any, path: Path, state: Any, total: int) -> None:
             f"total_step: this run trains {total} steps, but {str(path)!r} is at step {model['cur_step']}, past its "
             f"end; raise total_step (or total_epoch) above {model['cur_step']} to train on from it, or start over in "
             "another work_dir (or with overwrite=true).", option="total_step", value=total)
+    position = state.get("stream_position")
+    if position is not None and not (isinstance(position, list) and len(position) == 3 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in position)):
+        raise CheckpointError(f"{where!r}: field 'stream_position' must be [epoch, chunk, offset], three non-negative "
+                              f"integers, got {str(position)[:60]!r}; the file was edited or damaged.")
     saved = state.get("optimizer")
     if isinstance(saved, str) and saved != trainer.config.optimizer.name:
         raise ConfigError(
@@ -171,7 +176,7 @@ def load_checkpoint(trainer: Any, loader: Any, path: Path, total: int) -> tuple[
     if rng is not None:
         restore_rng_state(rng)
     if flags.load_dataset:
-        loader.resume_from_checkpoint(progress["consumed_train_samples"])
+        loader.resume_from_checkpoint(progress["consumed_train_samples"], **stream_position(loader, state))
     if flags.offload_optimizer_first_step:
         trainer.offloaded = offload(optimizer)
     skipped = [name for name in ("optimizer_states", "optimizer_args", "dataset", "scheduler", "rng")
@@ -201,3 +206,9 @@ def reload(optimizer: Any) -> None:
                 if hasattr(value, "to") and hasattr(value, "device") and value.device != param.device \
                         and value.dim() > 0:
                     state[key] = value.to(param.device)
+
+
+def stream_position(loader: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """``{'stream_position': ...}`` for a stream's loader when the checkpoint saved one (else nothing)."""
+    position = state.get("stream_position")
+    return {"stream_position": position} if loader.stream is not None and position is not None else {}

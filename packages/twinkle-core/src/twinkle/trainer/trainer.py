@@ -194,7 +194,8 @@ class Trainer:
         if loader.stream is None and len(loader) == 0:  # a stream's length is unknown (total_step is required)
             raise ConfigError(f"global_batch_size: a micro-batch of {self.rows_per_micro_batch} rows is larger than "
                               f"the {len(train_set)} training rows; lower it or use more data.")
-        total = cfg.total_step or max(len(loader) // self.gas, 1) * cfg.total_epoch
+        # over a stream total_epoch counts the batches of one pass first (by its length, or by reading it once)
+        total = cfg.total_step or max(loader.batches_per_epoch() // self.gas, 1) * cfg.total_epoch
         window = self.gas * cfg.intra_layer_micro_batch  # micro-batches (sub-batches) the engine accumulates
         self.model = model = self.build_engine(model_id if model_id != cfg.model.model_id else None, cfg.model,
                                                cfg.optimizer, cfg.fsdp, init_ckpt, cfg.intra_layer_micro_batch,
@@ -348,8 +349,10 @@ class Trainer:
         A snapshot holds the same resumable state but replaces the previous one, is never rotated
         and gets no HF export: a cheap restart point between full checkpoints.
         """
-        consumed = loader.get_state()["consumed_train_samples"]
+        progress = loader.get_state()
+        consumed = progress["consumed_train_samples"]
         state = {"step": step, "consumed_train_samples": consumed, "last_loss": last_loss,
+                 "stream_position": progress.get("stream_position"),
                  "best_eval_loss": None if math.isinf(self.best) else self.best, "run_id": self.run.run_id,
                  "skipped_windows": self.skipped_windows, "optimizer": self.config.optimizer.name,
                  "rows_per_step": self.gas * self.rows_per_micro_batch}
