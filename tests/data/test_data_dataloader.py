@@ -166,7 +166,8 @@ def test_torchrun_two_ranks_split_the_seed_flow(tmp_path):
     stream.map(SelfCognitionProcessor("twinkle大模型", "ModelScope社区")).encode()
     streamed = [[row["input_ids"] for row in batch]
                 for batch in DataLoader(stream, batch_size=8, seed=7, shuffle_buffer=16, device_mesh=DeviceMesh())]
-    assert len(streamed) == 5 and all(r["stream_state"] == {"consumed_train_samples": 40} for r in ranks)
+    assert len(streamed) == 5 and all(r["stream_state"] == {"consumed_train_samples": 40, "stream_position": [1, 0, 0]}
+                                      for r in ranks)  # the next row: the start of the second epoch
     assert sorted(map(tuple, sum(streamed, []))) == sorted(map(tuple, sum(single, [])))  # the same rows
     for b, whole in enumerate(streamed):
         assert ranks[0]["stream_batches"][b] == whole[0::2] and ranks[1]["stream_batches"][b] == whole[1::2]
