@@ -69,6 +69,13 @@ def test_hostile_model_progress_falls_back(finished, tmp_path, caplog, field, va
     assert_bitwise_equal(load_weights(newest / "model"), reference)  # steps 3-4 redone exactly from step 2
 
 
+def test_a_damaged_stream_position_falls_back(finished, tmp_path, caplog) -> None:
+    wd, newest = _copy(finished, tmp_path)
+    _edit_json(newest / store.TRAINER_FILE, stream_position=[0, "2", 0])
+    _recompute_manifests(newest)
+    _resumes_from_step2(wd, caplog, "field 'stream_position' must be [epoch, chunk, offset]")
+
+
 def test_consumed_samples_beyond_what_the_steps_took_fall_back(finished, tmp_path, caplog) -> None:
     # 4 steps of 4 rows took 16; 1000 is on a batch boundary, agrees between the two files, and is refused
     wd, newest = _copy(finished, tmp_path)
