@@ -72,6 +72,12 @@ def test_encoded_pairs_never_split_by_packing(packed):
     loose = pack_groups([r["length"] for r in rows], None, BUDGET)
     assert any(sum(groups[i] == g for i in p) == 1 for p in loose for g in range(len(PAIRS)))
     assert report.rows == 2 * len(PAIRS) and report.packs < len(PAIRS)
+    mixed = PackingDataset(DatasetMeta(data=PAIRS[:4])).add_dataset(DatasetMeta(data=PAIRS[4:]))
+    mixed.set_template("Qwen2_5Template", model_id="twinkle://tiny-qwen", max_length=BUDGET)
+    mixed.encode()
+    mixed.mix_dataset(interleave=True)
+    with pytest.raises(DataError, match="interleaving row by row would separate a group's rows"):
+        len(mixed)
 
 
 def test_a_pack_stream_keeps_groups_whole_across_its_buffers(tmp_path):

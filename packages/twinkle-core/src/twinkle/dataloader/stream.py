@@ -123,7 +123,7 @@ class StreamBatches:
                                                           list(range(first, first + len(raw))))
                 continue
             size = len(raw) - len(raw) % R
-            if size == 0 or size < min(self.min_batch_size, B):
+            if size < self.min_batch_size:  # min_batch_size >= 1: an empty cut is dropped too
                 continue
             mine = raw[:size][self.data_rank::R]
             yield chunk, size, self.dataset.transform(

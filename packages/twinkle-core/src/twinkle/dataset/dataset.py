@@ -14,6 +14,7 @@ from twinkle.dataset.batched import PROBE_ROWS, BatchCall
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.loading import load_source
 from twinkle.dataset.meta import DatasetMeta
+from twinkle.dataset.packing import GROUP_COLUMN
 from twinkle.dataset.save import save_rows
 from twinkle.dataset.steps import map_step
 from twinkle.registry import resolve
@@ -106,6 +107,11 @@ class Dataset:
                 "them the same way.")
         if len({tuple(c) for c in columns.values()}) > 1:
             raise DataError(f"Cannot combine sources with different columns: {columns}. {hint}")
+        if self._mix["interleave"] and GROUP_COLUMN in parts[0].column_names:
+            raise DataError(f"Cannot interleave sources whose rows carry {GROUP_COLUMN!r} (preference pairs, groups): "
+                            "interleaving row by row would separate a group's rows. Concatenate them "
+                            "(mix_dataset(interleave=False)), or interleave an IterableDataset, which mixes the raw "
+                            "rows before encoding them.")
         try:
             if self._mix["interleave"]:
                 weights = self._mix["weights"]
