@@ -207,3 +207,19 @@ def test_a_stream_runs_on_into_its_next_epoch_and_hooks_are_told_which(tmp_path:
                      hooks={"before_train_step": lambda step, epoch, **_: seen.append((step, epoch))}).fit()
     assert result.step == 6
     assert seen == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 2)]
+
+
+def test_evaluation_rows_beside_a_stream_are_streamed_too_and_equal_the_map_style_ones() -> None:
+    """The eval rows after the training rows are read through the stream (a hub dataset is never downloaded
+    whole for them) and are the up-front build's eval rows, token for token."""
+    from twinkle.launch import TINY_MODEL
+    from twinkle.trainer import TrainerConfig
+    from twinkle.trainer.data_options import build_datasets
+
+    base = {"total_step": 1, "dataset": {"train_samples": 8, "eval_samples": 4, "max_length": MAX_LENGTH}}
+    eager = build_datasets(TrainerConfig.from_dict(base), TINY_MODEL)[1]
+    streamed = build_datasets(TrainerConfig.from_dict({**base, "dataset": {**base["dataset"], "streaming": True}}),
+                              TINY_MODEL)[1]
+    assert len(streamed) == len(eager) == 4
+    for key in ("input_ids", "labels"):
+        assert [list(r[key]) for r in streamed] == [list(r[key]) for r in eager]

@@ -49,16 +49,26 @@ def build_stream(cfg: TrainerConfig, model_id: str, budget: int | None) -> Any:
 
 
 def build_stream_eval(cfg: TrainerConfig, model_id: str) -> Any:
-    """Evaluation rows beside a stream: read into a map-style Dataset (they are few and read every eval)."""
+    """Evaluation rows beside a stream: streamed as well (so a hub dataset is never downloaded whole), then held
+    as a map-style Dataset (they are few, and read at every evaluation)."""
+    from twinkle.dataset import DataError, Dataset, DatasetMeta, IterableDataset
     from twinkle.trainer import setup
 
     data = cfg.dataset
     if data.combine:
         if not (data.eval_dataset_id and data.eval_samples):
             return None
-        return setup.build_dataset(cfg, model_id, [(data, range(data.eval_samples))], data.eval_dataset_id)
-    rows = setup.split_rows(cfg)[1]
-    return setup.build_dataset(cfg, model_id, [(data, rows)], data.eval_dataset_id) if rows is not None else None
+        rows = range(data.eval_samples)
+    else:
+        rows = setup.split_rows(cfg)[1]
+        if rows is None:
+            return None
+    stream = setup.build_dataset(cfg, model_id, [(data, rows)], data.eval_dataset_id, dataset_type=IterableDataset)
+    encoded = list(stream)
+    if not encoded:
+        raise DataError(f"every evaluation row ({len(rows)} asked for) was dropped while encoding; raise "
+                        "dataset.max_length or change dataset.truncation_strategy.")
+    return Dataset(DatasetMeta(data=encoded))
 
 
 def make_loader(cfg: TrainerConfig, train_set: Any, batch_size: int) -> Any:
