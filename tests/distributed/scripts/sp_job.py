@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hf"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "trainer"))
 
 from hf_testing import make_batch, tiny_config  # noqa: E402
 
@@ -110,6 +111,30 @@ def memory() -> dict[str, Any]:
     return {"activation_bytes": saved_activation_bytes(model, {"input_ids": ids, "labels": ids.clone()})}
 
 
+#: the Trainer run: plain SGD at a constant lr, clipped, on packed micro-batches (xtuner's pack_to_max_length)
+TRAINER_STEPS = 2
+TRAINER_JOB = {"total_step": TRAINER_STEPS, "checkpoint_interval": TRAINER_STEPS,
+               "optimizer": {"name": "SGD", "lr": 5e-2, "max_grad_norm": 1.0}, "lr": {"scheduler": None},
+               "dataloader": {"gradient_accumulation_steps": 2, "pack_to_max_length": True}}
+
+
+def trainer(out: Path | None, work_dir: Path | None = None, sp_size: int | None = None) -> dict[str, Any]:
+    """The Trainer with ``sp_size`` (xtuner's name of the sequence-parallel size); its final adapter weights."""
+    from trainer_testing import load_weights, tiny_job
+
+    from twinkle.trainer import Trainer
+
+    work_dir = work_dir or out / "trainer_sp"
+    job = tiny_job(work_dir, **TRAINER_JOB)
+    if sp_size is not None:
+        job["sp_size"] = sp_size
+    trained = Trainer(**job)
+    result = trained.fit()
+    final = work_dir / "checkpoints" / f"step-{TRAINER_STEPS:08d}" / "model"
+    return {"step": result.step, "final_loss": result.final_loss, "weights": load_weights(final),
+            "split": trained.model.backend.sequence_parallel is not None}
+
+
 SCENARIOS = {
     "sp_full_padded": lambda: train(False, "padded"),
     "sp_lora_packed": lambda: train(True, "packed"),
@@ -117,6 +142,7 @@ SCENARIOS = {
     "sp_full_packed_eager_gqa": lambda: train(False, "packed", attn="eager", num_key_value_heads=1),
     "sp_lora_padded_qwen3": lambda: train(True, "padded", family="qwen3"),
     "memory": memory,
+    "trainer": lambda out: trainer(out, sp_size=2),
 }
 
 
@@ -130,7 +156,7 @@ def main() -> None:
     rank = dist.get_rank()
     for name in names:
         try:
-            result = SCENARIOS[name]()
+            result = SCENARIOS[name](out) if name == "trainer" else SCENARIOS[name]()
         except Exception:
             (out / f"{name}.rank{rank}.error").write_text(traceback.format_exc())
             raise

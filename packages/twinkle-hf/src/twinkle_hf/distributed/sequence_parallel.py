@@ -78,8 +78,10 @@ def check_model(hf_model: torch.nn.Module, size: int) -> str:
         raise ValueError(f"{where} does not split the rows of the vision-language family {family}: its image "
                          "tokens are placed by position into whole rows. Use fsdp_size for it, with cp_size=1.")
     kinds = sorted(set(getattr(text, "layer_types", None) or ()) - {"full_attention"})
-    if kinds or getattr(text, "use_sliding_window", False):
-        named = ", ".join(kinds) or "sliding_attention"
+    if not kinds and getattr(text, "sliding_window", None) is not None:  # Mistral: one window for every layer
+        kinds = ["sliding_attention"]
+    if kinds:
+        named = ", ".join(kinds)
         detail = " (Gated DeltaNet: a recurrence along the sequence)" if "linear_attention" in kinds else ""
         raise ValueError(f"{where} runs full-attention layers only; the {family} model has {named} layers{detail}, "
                          "which the head exchange does not split. Use fsdp_size for this family, with cp_size=1.")
