@@ -100,9 +100,11 @@ def test_trainer_with_sp_size_2_trains_like_one_process(sp_job: JobResult, tmp_p
         assert sorted(got["weights"]) == sorted(want["weights"])
         for key, value in want["weights"].items():
             torch.testing.assert_close(got["weights"][key], value, rtol=0, atol=bound, msg=key)
-    # peft starts lora_B at zero: its trained values are the whole change, far beyond the bound
+    # peft starts lora_B at zero: its trained values are the whole change (measured 1.2e-2, 60x the bound; the
+    # differences seen are ~4e-9). A gradient that lost one rank's half of the tokens would move it by about
+    # half as much, 30x the bound.
     moved = max(v.abs().max().item() for k, v in want["weights"].items() if "lora_B" in k)
-    assert moved > 100 * bound
+    assert moved > 20 * bound
 
 
 # ------------------------------------------------------------------ no launch

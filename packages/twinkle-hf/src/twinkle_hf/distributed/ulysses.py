@@ -36,18 +36,19 @@ def exchange(tensor: torch.Tensor, group: Any, size: int, heads_to_sequence: boo
     seq/n, heads, dim)``, the layout transformers' attention functions return.
     """
     # torch's differentiable functional collective (the older torch.distributed.nn one is deprecated)
-    from torch.distributed._functional_collectives import all_to_all_single_autograd
+    from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
     if heads_to_sequence:
         batch, heads, local, dim = tensor.shape
         # chunk r of dim 0 goes to rank r: its heads, all of this rank's tokens
         send = tensor.reshape(batch, size, heads // size, local, dim).permute(1, 0, 2, 3, 4).contiguous()
-        received = all_to_all_single_autograd(send, None, None, group)  # chunk r: rank r's tokens
+        # waited at once: a plain tensor for the attention kernels (not the lazily waited collective wrapper)
+        received = wait_tensor(all_to_all_single_autograd(send, None, None, group))  # chunk r: rank r's tokens
         return received.permute(1, 2, 0, 3, 4).reshape(batch, heads // size, size * local, dim)
     batch, seq, heads, dim = tensor.shape
     local = seq // size
     send = tensor.reshape(batch, size, local, heads, dim).permute(1, 0, 2, 3, 4).contiguous()
-    received = all_to_all_single_autograd(send, None, None, group)  # chunk r: rank r's heads
+    received = wait_tensor(all_to_all_single_autograd(send, None, None, group))  # chunk r: rank r's heads
     return received.permute(1, 2, 0, 3, 4).reshape(batch, local, size * heads, dim)
 
 
