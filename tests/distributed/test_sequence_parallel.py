@@ -179,3 +179,51 @@ def test_cp_ranks_join_the_data_ranks_of_the_wrapping_plan() -> None:
         assert hsdp.coords(rank)["dp"] == folded.coords(rank)["dp"]
     with pytest.raises(ValueError, match=r"cp_size=2.*\{'tp': 2\}.*set cp_size=1"):
         wrap_mesh(DeviceMesh.from_sizes(cp_size=2, tp_size=2, world_size=4))
+
+
+@pytest.mark.parametrize("kind", ["cross_entropy", "chunked", "fused"])
+def test_the_parts_losses_add_up_to_the_whole_rows(kind: str) -> None:
+    """Each part's loss over its ``shift_labels`` (the split of ``split``), summed over the parts with their
+    target counts, is the loss of the whole rows over their labels; token accuracy counts the same tokens.
+
+    Bound: the parts' two sums and the whole rows' one sum add the same token losses in another order, each a
+    log-sum-exp over the vocabulary (tests/rounding.py, ``chain_bound``); the counts are exact.
+    """
+    from rounding import chain_bound
+
+    from twinkle.loss import ChunkedCrossEntropyLoss, CrossEntropyLoss
+    from twinkle.metric.builtin import TokenAccuracy
+    from twinkle_hf.distributed.sequence_parallel import SequenceParallel
+    from twinkle_hf.kernels.fused_ce_loss import LigerFusedLinearCrossEntropyLoss, fused_ce_outputs
+
+    gen = torch.Generator().manual_seed(3)
+    rows, length, hidden_size, vocab = 2, 9, 8, 32
+    ids = torch.randint(0, vocab, (rows, length), generator=gen)
+    labels = ids.clone()
+    labels[:, :3] = -100
+    hidden = torch.randn(rows, length, hidden_size, generator=gen)
+    head = torch.nn.Linear(hidden_size, vocab, bias=False)
+    loss = {"cross_entropy": CrossEntropyLoss(reduction="sum"), "chunked": ChunkedCrossEntropyLoss(chunk_size=4),
+            "fused": LigerFusedLinearCrossEntropyLoss(reduction="sum")}[kind]
+
+    def outputs(states: torch.Tensor) -> dict:
+        return fused_ce_outputs(states, head) if kind == "fused" else {"logits": head(states)}
+
+    whole = {"input_ids": ids, "labels": labels}
+    want, want_items = loss.compute(whole, outputs(hidden))
+    total, items, accuracy, want_accuracy = 0.0, 0, TokenAccuracy(), TokenAccuracy()
+    padded = torch.nn.functional.pad(hidden, (0, 0, 0, 1))  # the split pads the 9 tokens to 10
+    for rank in (0, 1):
+        sp = object.__new__(SequenceParallel)
+        sp.size, sp.rank, sp._masks = 2, rank, {}
+        part = sp.split(whole, loss, "fused_lm_ce" if kind == "fused" else "causal_lm")
+        value, count = loss.compute(part, outputs(padded[:, rank * 5:(rank + 1) * 5]))
+        total, items = total + value, items + count
+        if kind != "fused":
+            accuracy.update(part, outputs(padded[:, rank * 5:(rank + 1) * 5]))
+    assert int(items) == int(want_items) == int((labels[:, 1:] != -100).sum())
+    assert float(total.detach()) == pytest.approx(float(want.detach()), rel=chain_bound(vocab, rows * length), abs=0)
+    if kind != "fused":
+        want_accuracy.update(whole, outputs(hidden))
+        assert (accuracy.total_correct, accuracy.total_count) == (want_accuracy.total_correct,
+                                                                  want_accuracy.total_count)

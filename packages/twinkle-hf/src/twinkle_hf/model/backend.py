@@ -355,9 +355,15 @@ class HFBackend:
                  f"mixed_precision: {self.mixed_precision} | strategy: {self.strategy}"]
         if plan.distributed:
             lines.append(f"  distributed: {plan.kind} over {plan.world_size} ranks (dp={plan.dp_size}, "
-                         f"fsdp={plan.fsdp_size}, tp={plan.tp_size}{', HSDP' if plan.hsdp else ''}); "
+                         f"fsdp={plan.fsdp_size}, tp={plan.tp_size}{', HSDP' if plan.hsdp else ''}"
+                         f"{self._sequence_note()}); "
                          f"wrapped: {self.wrapped}")
         return lines
+
+    def _sequence_note(self) -> str:
+        """The sequence split, whose cp ranks the plan above counts among its data ranks."""
+        sp = self.sequence_parallel
+        return f"; rows split over cp={sp.size} ranks of them ({sp.inner} attention)" if sp is not None else ""
 
     def describe_group(self, group: OptimizerGroup) -> list[str]:
         return self.adapters.describe(group)
