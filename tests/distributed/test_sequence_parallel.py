@@ -81,8 +81,8 @@ def test_sp2_saves_at_most_0_6_of_one_process_activations(sp_job: JobResult, ref
 
 
 def test_trainer_with_sp_size_2_trains_like_one_process(sp_job: JobResult, tmp_path) -> None:
-    """xtuner's ``sp_size=2`` on 2 ranks: packed micro-batches split over the two, the final loss and adapter
-    weights equal to one process's.
+    """xtuner's ``sp_size=2`` on 2 ranks: packed micro-batches split over the two, activation checkpointing on,
+    the final loss and adapter weights equal to one process's.
 
     Bound for the weights: SGD's update is lr * g with g clipped to max_grad_norm; each element of g differs by
     at most ``rel * sqrt(terms) * max|g|`` (tests/rounding.py, ``within``) with ``max|g| <= max_grad_norm``, and
@@ -96,6 +96,7 @@ def test_trainer_with_sp_size_2_trains_like_one_process(sp_job: JobResult, tmp_p
     for rank in (0, 1):
         got = sp_job.load("trainer", rank)
         assert got["split"] and not want["split"] and got["step"] == want["step"] == TRAINER_STEPS
+        assert got["checkpointing"] and want["checkpointing"]
         assert got["final_loss"] == pytest.approx(want["final_loss"], rel=rel, abs=0)
         assert sorted(got["weights"]) == sorted(want["weights"])
         for key, value in want["weights"].items():
