@@ -82,7 +82,7 @@ def test_sp2_saves_at_most_0_6_of_one_process_activations(sp_job: JobResult, ref
 
 def test_trainer_with_sp_size_2_trains_like_one_process(sp_job: JobResult, tmp_path) -> None:
     """xtuner's ``sp_size=2`` on 2 ranks: packed micro-batches split over the two, activation checkpointing on,
-    the final loss and adapter weights equal to one process's.
+    the final loss, the evaluation loss and adapter weights equal to one process's.
 
     Bound for the weights: SGD's update is lr * g with g clipped to max_grad_norm; each element of g differs by
     at most ``rel * sqrt(terms) * max|g|`` (tests/rounding.py, ``within``) with ``max|g| <= max_grad_norm``, and
@@ -98,6 +98,8 @@ def test_trainer_with_sp_size_2_trains_like_one_process(sp_job: JobResult, tmp_p
         assert got["split"] and not want["split"] and got["step"] == want["step"] == TRAINER_STEPS
         assert got["checkpointing"] and want["checkpointing"]
         assert got["final_loss"] == pytest.approx(want["final_loss"], rel=rel, abs=0)
+        assert got["eval_loss"] is not None  # the evaluation of the trained weights: one more forward
+        assert got["eval_loss"] == pytest.approx(want["eval_loss"], rel=rel + shape.forward_bound(), abs=0)
         assert sorted(got["weights"]) == sorted(want["weights"])
         for key, value in want["weights"].items():
             torch.testing.assert_close(got["weights"][key], value, rtol=0, atol=bound, msg=key)

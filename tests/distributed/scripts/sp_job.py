@@ -112,10 +112,12 @@ def memory() -> dict[str, Any]:
 
 
 #: the Trainer run: plain SGD at a constant lr, clipped, on packed micro-batches (xtuner's pack_to_max_length),
-#: with activation checkpointing (the backward recomputes each layer's forward, head exchanges included)
+#: with activation checkpointing (the backward recomputes each layer's forward, head exchanges included) and an
+#: evaluation (forward_only and the loss of split rows) at the end
 TRAINER_STEPS = 2
 TRAINER_JOB = {"total_step": TRAINER_STEPS, "checkpoint_interval": TRAINER_STEPS,
-               "model": {"gradient_checkpointing": True},
+               "model": {"gradient_checkpointing": True}, "eval_interval": TRAINER_STEPS,
+               "dataset": {"train_samples": 16, "eval_samples": 4, "max_length": 128},
                "optimizer": {"name": "SGD", "lr": 5e-2, "max_grad_norm": 1.0}, "lr": {"scheduler": None},
                "dataloader": {"gradient_accumulation_steps": 2, "pack_to_max_length": True}}
 
@@ -133,7 +135,8 @@ def trainer(out: Path | None, work_dir: Path | None = None, sp_size: int | None 
     trained = Trainer(**job)
     result = trained.fit()
     final = work_dir / "checkpoints" / f"step-{TRAINER_STEPS:08d}" / "model"
-    return {"step": result.step, "final_loss": result.final_loss, "weights": load_weights(final),
+    return {"step": result.step, "final_loss": result.final_loss, "eval_loss": result.best_eval_loss,
+            "weights": load_weights(final),
             "split": trained.model.backend.sequence_parallel is not None,
             "checkpointing": trained.model.backend.hf_model().is_activation_checkpointing}
 
