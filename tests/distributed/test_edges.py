@@ -53,7 +53,9 @@ EXPECTED = {
     "mesh_size": "ValueError: The DeviceMesh covers dp=4 x fsdp=1 = 4 processes but 2 were launched",
     "fsdp_not_dividing": "ValueError: fsdp_size=3 does not divide the world size 2",
     "from_sizes_fsdp": "ValueError: DeviceMesh: world size 2 is not divisible by fsdp*tp*pp*cp=3",
-    "cp_mesh": "ValueError: TransformersModel shards over dp, fsdp and tp only; the mesh has {'cp': 2}",
+    # sequence parallelism runs Qwen2-like families; Mistral's sliding window is refused, naming it and the fix
+    "cp_mesh": "ValueError: cp_size=2 (sequence parallelism) runs full-attention layers only; the mistral model has "
+               "sliding_attention layers, which the head exchange does not split. Use fsdp_size for this family",
     "batch_not_divisible": "DataError: batch_size=3 is global and must divide evenly over the 2 data-parallel ranks",
     "unknown_strategy": "ValueError: strategy='deepspeed' is not one of accelerate, native_fsdp.",
     "adapter_after_wrap": "RuntimeError: add_adapter_to_model('late') after the model was wrapped",

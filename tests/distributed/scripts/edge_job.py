@@ -90,7 +90,7 @@ def bad_inputs() -> dict[str, str]:
         "mesh_size": lambda: TransformersModel(config=tiny_config(), device_mesh=DeviceMesh(dp_size=4)),
         "fsdp_not_dividing": lambda: TransformersModel(config=tiny_config(), device_mesh=DeviceMesh(fsdp_size=3)),
         "from_sizes_fsdp": lambda: DeviceMesh.from_sizes(fsdp_size=3),
-        "cp_mesh": lambda: TransformersModel(config=tiny_config(), device_mesh=DeviceMesh(cp_size=2)),
+        "cp_mesh": lambda: TransformersModel(config=tiny_config("mistral"), device_mesh=DeviceMesh(cp_size=2)),
         "batch_not_divisible": lambda: DataLoader(list(range(10)), batch_size=3),
         "unknown_strategy": lambda: TransformersModel(config=tiny_config(), strategy="deepspeed"),
         "adapter_after_wrap": _adapter_after_wrap,

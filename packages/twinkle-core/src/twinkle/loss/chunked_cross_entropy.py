@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from twinkle.constants import IGNORE_INDEX
+from twinkle.constants import IGNORE_INDEX, SHIFT_LABELS
 from twinkle.loss.base import output_field
 from twinkle.loss.cross_entropy import CrossEntropyLoss, _has
 from twinkle.utils.checks import check_int
@@ -32,11 +32,11 @@ class ChunkedCrossEntropyLoss(CrossEntropyLoss):
         self.chunk_size = check_int(chunk_size, "ChunkedCrossEntropyLoss: chunk_size")
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if "labels" not in inputs or (_has(outputs, "logps") and not _has(outputs, "logits")):
+        if ("labels" not in inputs and SHIFT_LABELS not in inputs) or (_has(outputs, "logps")
+                                                                      and not _has(outputs, "logits")):
             return super().compute(inputs, outputs, **kwargs)
         logits = output_field(outputs, "logits")
-        labels = torch.as_tensor(inputs["labels"]).to(logits.device)
-        targets = self.shifted(labels).reshape(-1)
+        targets = self.next_tokens(inputs, logits.device).reshape(-1)
         flat = logits.reshape(-1, logits.shape[-1])
         total = flat.new_zeros((), dtype=torch.float32)
         for start in range(0, flat.shape[0], self.chunk_size):

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from twinkle.constants import IGNORE_INDEX
+from twinkle.constants import IGNORE_INDEX, SHIFT_LABELS
 from twinkle.loss.base import Loss, output_field
 
 #: how tokens are weighted (xtuner's CELossConfig.loss_reduction): each token the same, each sample the same
@@ -46,24 +46,32 @@ class CrossEntropyLoss(Loss):
         self.dft = bool(dft)
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if "labels" not in inputs:
+        if "labels" not in inputs and SHIFT_LABELS not in inputs:
             raise KeyError("CrossEntropyLoss needs 'labels' in the inputs (encode the dataset with a template).")
         if _has(outputs, "logps") and not _has(outputs, "logits"):
             return self._from_logps(torch.as_tensor(inputs["labels"]), output_field(outputs, "logps"))
         logits = outputs["logits"] if isinstance(outputs, Mapping) and "logits" in outputs else \
             output_field(outputs, "logits")
-        labels = inputs["labels"].to(logits.device)
         # shift the labels, not the logits: a slice of the (batch, seq, vocab) logits would be copied
-        shift_labels = self.shifted(labels).reshape(-1)
+        targets = self.next_tokens(inputs, logits.device)
+        shift_labels = targets.reshape(-1)
         flat_logits = logits.reshape(-1, logits.shape[-1])
         if flat_logits.dtype != torch.float32:
             flat_logits = flat_logits.float()
         if self.loss_reduction != "token" or self.dft:
             per_token = self.token_losses(flat_logits, shift_labels)
-            return self._reduce(per_token, shift_labels, labels.shape)
+            return self._reduce(per_token, shift_labels, targets.shape)
         total = F.cross_entropy(flat_logits, shift_labels, ignore_index=self.ignore_index, reduction="sum")
         items = (shift_labels != self.ignore_index).sum()
         return total, items
+
+    def next_tokens(self, inputs: Mapping[str, Any], device: torch.device) -> torch.Tensor:
+        """Each position's target, aligned with the logits: ``shift_labels`` when given (sequence parallelism
+        shifted them over the whole row), else the labels shifted here."""
+        given = inputs.get(SHIFT_LABELS)
+        if given is not None:
+            return torch.as_tensor(given).to(device)
+        return self.shifted(torch.as_tensor(inputs["labels"]).to(device))
 
     def shifted(self, labels: torch.Tensor) -> torch.Tensor:
         """``labels`` moved one position left (position t's target is ``labels[t + 1]``), the last ignored."""

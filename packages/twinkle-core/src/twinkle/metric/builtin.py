@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from twinkle.constants import IGNORE_INDEX
+from twinkle.constants import IGNORE_INDEX, SHIFT_LABELS
 
 
 class Metric:
@@ -148,11 +148,15 @@ class TokenAccuracy(Metric):
                 self.update_counts(*counts)
             return
         logits = _logits(outputs)
+        shifted = inputs.get(SHIFT_LABELS) if isinstance(inputs, Mapping) else None
         labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
-        if logits is None or labels is None or logits.dim() < 2:
+        if logits is None or (labels is None and shifted is None) or logits.dim() < 2:
             return
-        labels = labels.to(logits.device)[..., 1:]
-        predictions = logits.detach().argmax(dim=-1)[..., :-1]
+        if shifted is not None:  # already aligned with the logits (sequence parallelism)
+            labels, predictions = shifted.to(logits.device), logits.detach().argmax(dim=-1)
+        else:
+            labels = labels.to(logits.device)[..., 1:]
+            predictions = logits.detach().argmax(dim=-1)[..., :-1]
         mask = labels != self.ignore_index
         self.update_counts(((predictions == labels) & mask).sum(), mask.sum())
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from twinkle.constants import IGNORE_INDEX
+from twinkle.constants import IGNORE_INDEX, SHIFT_LABELS
 from twinkle.kernel import KernelChoice, chain_for
 from twinkle.kernel.config import normalize_config
 from twinkle.kernel.cross_entropy import FusedCEOutput
@@ -88,12 +88,16 @@ class LigerFusedLinearCrossEntropyLoss(Loss):
         return self._chain if self._chain is not None else chain_for(OP)
 
     def compute(self, inputs: Mapping[str, Any], outputs: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if "labels" not in inputs:
+        if "labels" not in inputs and SHIFT_LABELS not in inputs:
             raise KeyError("LigerFusedLinearCrossEntropyLoss needs 'labels' in the inputs (encode with a template).")
         hidden, weight, bias = fused_ce_inputs(outputs)
-        labels = inputs["labels"].to(hidden.device)
-        shift_hidden = hidden[..., :-1, :].reshape(-1, hidden.shape[-1])
-        shift_labels = labels[..., 1:].reshape(-1)
+        if inputs.get(SHIFT_LABELS) is not None:  # aligned with the hidden states already (sequence parallelism)
+            shift_hidden = hidden.reshape(-1, hidden.shape[-1])
+            shift_labels = inputs[SHIFT_LABELS].to(hidden.device).reshape(-1)
+        else:
+            labels = inputs["labels"].to(hidden.device)
+            shift_hidden = hidden[..., :-1, :].reshape(-1, hidden.shape[-1])
+            shift_labels = labels[..., 1:].reshape(-1)
         result = self.run(shift_hidden, weight, shift_labels, bias, reduction="sum")
         self.last_token_counts = (result.num_correct, result.num_tokens)
         return result.loss, result.num_tokens

@@ -84,6 +84,8 @@ class HFBackend:
         self.groups: dict[str, OptimizerGroup] = {}
         #: tensor parallelism: transformers' plan resolved for this model (applied by ``parallelize``)
         self.tp_plan: dict[str, str] | None = None
+        #: sequence parallelism: each cp rank's part of every row (set by ``build_backend`` when cp_size > 1)
+        self.sequence_parallel: Any = None
 
     # ============================================================== structure
     @property
@@ -152,6 +154,8 @@ class HFBackend:
         if unknown:
             raise TypeError(f"Unknown forward options {unknown}; forward takes inputs=, adapter_name=, task= and "
                             f"{', '.join(_FORWARD_OPTIONS)}.")
+        if self.sequence_parallel is not None:  # this rank's part of each row, labels shifted over the whole row
+            batch = self.sequence_parallel.split(batch, self.loss_for(group, task, False), task)
         return [to_device(batch, self.device)]
 
     # ============================================================== computing
@@ -351,9 +355,15 @@ class HFBackend:
                  f"mixed_precision: {self.mixed_precision} | strategy: {self.strategy}"]
         if plan.distributed:
             lines.append(f"  distributed: {plan.kind} over {plan.world_size} ranks (dp={plan.dp_size}, "
-                         f"fsdp={plan.fsdp_size}, tp={plan.tp_size}{', HSDP' if plan.hsdp else ''}); "
+                         f"fsdp={plan.fsdp_size}, tp={plan.tp_size}{', HSDP' if plan.hsdp else ''}"
+                         f"{self._sequence_note()}); "
                          f"wrapped: {self.wrapped}")
         return lines
+
+    def _sequence_note(self) -> str:
+        """The sequence split, whose cp ranks the plan above counts among its data ranks."""
+        sp = self.sequence_parallel
+        return f"; rows split over cp={sp.size} ranks of them ({sp.inner} attention)" if sp is not None else ""
 
     def describe_group(self, group: OptimizerGroup) -> list[str]:
         return self.adapters.describe(group)

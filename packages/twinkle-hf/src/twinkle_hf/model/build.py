@@ -21,6 +21,7 @@ import torch
 from twinkle.mesh import DeviceMesh
 from twinkle.precision import plan_precision
 from twinkle.runtime import get_runtime
+from twinkle_hf.distributed import sequence_parallel
 from twinkle_hf.distributed.plan import check_configs, check_process_group, make_plan
 from twinkle_hf.model.backend import HFBackend
 from twinkle_hf.model.loading import build_for_sharding, load_hf_model
@@ -46,7 +47,8 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
     runtime = get_runtime()
     if device_mesh is None and runtime.initialized:
         device_mesh = runtime.device_mesh
-    plan = make_plan(strategy, device_mesh)
+    # the cp ranks of a sequence-parallel mesh share the weights like data ranks: the wrapping plan sees them so
+    plan = make_plan(strategy, sequence_parallel.wrap_mesh(device_mesh))
     mesh = device_mesh if device_mesh is not None else DeviceMesh.from_sizes(world_size=plan.world_size)
     check_configs("native_fsdp" if plan.kind == "fsdp2" else strategy, ddp_config, fsdp_config)
     check_process_group(plan)
@@ -84,4 +86,6 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
                      fsdp_config=dict(fsdp_config or {}), grad_scaler_config=dict(grad_scaler_config or {}),
                      weights_dir=weights_dir, memory_efficient_pending=rank0_only)
     backend.tp_plan = tp_plan
+    if mesh.cp_size > 1:  # before any adapter: the attention modules it tags are the model's own
+        backend.sequence_parallel = sequence_parallel.SequenceParallel(module, mesh, device.type)
     return backend

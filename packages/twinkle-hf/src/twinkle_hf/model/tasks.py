@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
+from twinkle.constants import SHIFT_LABELS
 from twinkle.utils.checks import check_choice
 
 #: Keys never passed to the model: the loss and the bookkeeping read them.
-NOT_MODEL_INPUTS = frozenset({"labels", "length", "group_size"})
+NOT_MODEL_INPUTS = frozenset({"labels", SHIFT_LABELS, "length", "group_size"})
 
 
 @lru_cache(maxsize=64)
