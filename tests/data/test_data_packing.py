@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from rounding import U, tiny_qwen
 
 from twinkle.constants import IGNORE_INDEX
 from twinkle.dataloader import DataLoader
@@ -75,7 +76,7 @@ def test_pack_dataset_reports_and_indexes_packs(packed):
     report = packed.pack_dataset()
     assert report.rows == 24 and report.packs == len(packed) < 24
     assert report.tokens == sum(r["length"] for r in rows)
-    assert report.fill_ratio == pytest.approx(report.tokens / (report.packs * 160))
+    assert report.fill_ratio == report.tokens / (report.packs * 160)  # one division of integers: exact
     seen = []
     for pack in packed:
         assert pack["length"] == len(pack["input_ids"]) <= 160
@@ -100,10 +101,11 @@ def _train(model, batches):
 def test_training_on_packs_equals_training_on_the_same_rows_unpacked(packed):
     """Two SGD steps on batches of packs vs the same rows padded: the same losses and weights.
 
-    Bound: both runs compute the same per-token terms; only float32 reduction order differs (attention
-    over a longer row with a block mask, matmuls over a different sequence length), each op within a
-    few ulp (~1e-7 relative), a handful of ops deep in the tiny model: rtol 1e-5 is that with margin,
-    and the repo's accumulation test uses the same bound for a regrouped batch.
+    Bound: both runs compute the same per-token terms; only float32 reduction order differs (attention over a
+    longer row with a block mask, matmuls over a different sequence length): a step of the tiny model on 2 packs
+    of <= 160 tokens (tests/rounding.py), the second step carrying the first's rounding twice. SGD (lr 0.5, no
+    clipping) moves a weight by lr * g, so each tensor's difference is within that relative bound of its update,
+    plus float32 storage of each step's weight.
     """
     from twinkle_hf.model import TransformersModel
 
@@ -122,15 +124,22 @@ def test_training_on_packs_equals_training_on_the_same_rows_unpacked(packed):
     packed_losses = _train(models[0], pack_batches)
     assert models[0].optimizer_group["default"].last_inputs["input_ids"].shape[0] == 1
     padded_losses = _train(models[1], member_rows)
-    assert packed_losses == pytest.approx(padded_losses, rel=1e-5)
+    bound = (2 * 1 + 1) * tiny_qwen(160, 2).step_bound()
+    assert packed_losses == pytest.approx(padded_losses, rel=bound, abs=0)
     a, b = models[0].get_state_dict(), models[1].get_state_dict()
     torch.manual_seed(0)
     initial = TransformersModel(model_id="twinkle://tiny-qwen", mixed_precision="no").get_state_dict()
+    moved, worst = 0, 0.0
     for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
-    # the steps moved the weights far beyond that bound, so the comparison could fail
-    moved = [k for k in a if not torch.allclose(a[k], initial[k], rtol=1e-4, atol=1e-5)]
-    assert len(moved) > len(a) // 2
+        update = float((b[key] - initial[key]).norm())
+        room = bound * update + 2 * U * float(b[key].norm())
+        diff = float((a[key] - b[key]).norm())
+        worst = max(worst, diff / room)
+        assert diff <= room, key
+        moved += update > 100 * room
+    print(f"losses {packed_losses} vs {padded_losses} (bound {bound:.1e} rel); weights at most {worst:.2e} of room")
+    # the steps moved most tensors far beyond their room, so the comparison could fail
+    assert moved > len(a) // 2, (moved, len(a))
 
 
 def test_rl_rows_pack_whole_with_their_per_token_fields():
