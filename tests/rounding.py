@@ -32,6 +32,10 @@ from dataclasses import dataclass
 U = 2.0**-24
 LAMBDA = 6.0
 LAMBDA_2 = 2 * LAMBDA  # two machines, each within LAMBDA * sqrt(n) * u of the exact value
+#: bfloat16's unit roundoff (8 significand bits): the GPU tests' mixed precision rounds each op's float32 result
+#: to bf16, within U_BF16 relative; two roundings of nearly the same float32 value differ by at most one bf16
+#: ulp, 2 * U_BF16 relative
+U_BF16 = 2.0**-8
 
 
 @dataclass(frozen=True)

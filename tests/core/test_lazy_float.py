@@ -45,6 +45,7 @@ def test_it_behaves_as_a_number():
     assert loss + 1 == 2.5 and 1 + loss == 2.5 and loss * 2 == 3.0 and 3 / loss == 2.0 and loss - loss == 0.0
     assert loss < 2 and loss >= 1.5 and -loss == -1.5 and abs(-loss) == 1.5 and round(loss) == 2
     assert repr(loss) == "1.5" and str(loss) == "1.5" and hash(loss) == hash(1.5) and bool(loss)
+    # approx and isclose accept it as a number (the point here); 3 / 2 is exact, compared exactly above
     assert loss == pytest.approx(1.5) and math.isclose(loss, 1.5) and math.isfinite(loss)
     assert statistics.mean([loss, LazyFloat(2.5)]) == 2.0 and sum([loss, loss]) == 3.0
     assert loss.item() == 1.5

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rounding import tiny_qwen, within
 
 from twinkle.dataset import DataError
 from twinkle.processor import InputProcessor
@@ -81,6 +82,14 @@ def test_packed_forward_equals_separate_rows(embedded_template, multi_turn):
         separate = [model(input_ids=torch.tensor([r["input_ids"]]), use_cache=False).logits[0] for r in rows]
         padded = InputProcessor()(rows)
         padded_logits = model(**packed_inputs(padded), use_cache=False).logits
-    torch.testing.assert_close(packed_logits, torch.cat(separate), rtol=1e-4, atol=1e-4)
+        across = model(input_ids=packed["input_ids"], use_cache=False).logits[0]  # one sequence: rows attend back
+    # the same forward sums grouped otherwise (a longer row with a block mask, another matmul length): a
+    # forward's bound of the tiny model over the pack's tokens (tests/rounding.py), elementwise by within()
+    rel = tiny_qwen(packed["input_ids"].shape[1], 1).forward_bound()
+    want = torch.cat(separate)
+    torch.testing.assert_close(packed_logits, want, **within(rel, want))
     for i, logits in enumerate(separate):
-        torch.testing.assert_close(padded_logits[i, : len(logits)], logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(padded_logits[i, : len(logits)], logits, **within(rel, logits))
+    # attention across the rows (the mistake the layout prevents) moves the later rows' logits far beyond it
+    later = slice(len(separate[0]), None)
+    assert float((across[later] - want[later]).abs().max()) > 100 * within(rel, want)["atol"]

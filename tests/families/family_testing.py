@@ -319,24 +319,35 @@ def logits_batch() -> dict[str, torch.Tensor]:
     return {"input_ids": ids * mask, "attention_mask": mask}
 
 
-def max_logits_diff(model_logits: torch.Tensor, directory: Path, batch: dict[str, torch.Tensor]) -> float:
+def max_logits_diff(model_logits: torch.Tensor, directory: Path, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The largest difference from plain transformers' logits over the real tokens (``diff``) and the largest of
+    those logits (``scale``: a derived tolerance scales with it, tests/rounding.py's ``within``)."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
     with torch.no_grad():
         reference = hf(**batch).logits
     real = batch["attention_mask"].bool()
-    return float((model_logits[real] - reference[real]).abs().max())
+    return {"diff": float((model_logits[real] - reference[real]).abs().max()),
+            "scale": float(reference[real].abs().max())}
 
 
 SEED_BATCHES, SEED_ACCUMULATION, SEED_LR = 6, 2, 5e-3
+SEED_TOKENS = 128  # the example's max_length
+#: The optimizer of the TP=1 / TP=2 comparison: the example's (megatron's default Adam), its eps 1 instead of
+#: 1e-8 (Adam's g / (sqrt(v) + eps) turns summation-order noise in near-zero gradients into lr-sized weight
+#: differences when eps is tiny; with eps = 1 the update is Lipschitz in the gradient with constant at most
+#: 2 lr, as tests/megatron/megatron_testing.ADAM_EPS), lr 0.5 so the steps stay about as large as the example's.
+SEED_PARITY_OPTIMIZER = {"lr": 0.5, "adam_eps": 1.0}
 
 
-def seed_example(model_dir: Path, out_dir: Path, mesh: Any = None) -> dict[str, Any]:
+def seed_example(model_dir: Path, out_dir: Path, mesh: Any = None, **optimizer: Any) -> dict[str, Any]:
     """Seed 001's MegatronModel example on a Qwen 3.5 model: a DataLoader over self-cognition rows encoded with
-    Qwen3_5Template, a LoRA adapter, megatron's optimizer, clip_grad_and_step with gradient accumulation.
+    Qwen3_5Template, a LoRA adapter, megatron's optimizer (``optimizer``: set_optimizer's fields, default the
+    example's lr), clip_grad_and_step with gradient accumulation.
 
-    Returns the loss of every forward_backward and the saved adapter directory."""
+    Returns the loss of every forward_backward, the saved adapter directory and the adapter saved before
+    training (``initial``)."""
     from peft import LoraConfig
 
     from twinkle.dataloader import DataLoader
@@ -345,17 +356,20 @@ def seed_example(model_dir: Path, out_dir: Path, mesh: Any = None) -> dict[str, 
     from twinkle.preprocessor import SelfCognitionProcessor
 
     dataset = Dataset(dataset_meta=DatasetMeta("twinkle://self-cognition", data_slice=range(SEED_BATCHES * 2)))
-    dataset.set_template("Qwen3_5Template", model_id=str(model_dir), max_length=128, truncation_strategy="delete")
+    dataset.set_template("Qwen3_5Template", model_id=str(model_dir), max_length=SEED_TOKENS,
+                         truncation_strategy="delete")
     dataset.map(SelfCognitionProcessor("twinkle大模型", "ModelScope社区"))
     dataset.encode()
     dataloader = DataLoader(dataset, batch_size=2, device_mesh=mesh, shuffle=False)
     model = MegatronModel(model_id=str(model_dir), device_mesh=mesh, mixed_precision="no", remote_group="actor")
     model.add_adapter_to_model("sft", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
                                gradient_accumulation_steps=SEED_ACCUMULATION)
-    model.set_optimizer("default", lr=SEED_LR, adapter_name="sft")
+    model.set_optimizer("default", **{"lr": SEED_LR, **optimizer}, adapter_name="sft")
+    initial = model.save("initial", output_dir=str(out_dir), adapter_name="sft")
     losses = []
     for batch in dataloader:
         losses.append(float(model.forward_backward(inputs=batch, adapter_name="sft")))
         model.clip_grad_and_step(1.0, gradient_accumulation_steps=SEED_ACCUMULATION, adapter_name="sft")
     saved = model.save("sft", output_dir=str(out_dir), adapter_name="sft")
-    return {"losses": losses, "saved": str(saved), "steps": model.optimizer_group["sft"].cur_step}
+    return {"losses": losses, "saved": str(saved), "initial": str(initial),
+            "steps": model.optimizer_group["sft"].cur_step}

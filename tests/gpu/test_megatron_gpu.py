@@ -21,11 +21,20 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))  # megatron_two_gpus, the two-GPU torchrun script
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/rounding.py (also for the torchrun script's import)
+
+from rounding import Shape  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (hardware)")]
 
 VOCAB = 256
+
+
+def shape(seq: int, rows: int) -> Shape:
+    """The reduction lengths of hf_checkpoint's qwen2 model (hidden 128, MLP 256, head_dim 32, 2 layers) on
+    ``rows`` rows of ``seq`` tokens (tests/rounding.py): float32 on the GPU (TF32 off) sums as on a CPU."""
+    return Shape(hidden=128, intermediate=256, head_dim=32, layers=2, vocab=VOCAB, seq=seq, tokens=seq * rows)
 
 
 def _te_available() -> bool:
@@ -80,7 +89,8 @@ def test_tp1_training_through_the_schedule_lowers_the_loss(tmp_path):
     assert metrics["grad_norm"] > 0 and metrics["step"] == 12
 
 
-def test_four_microbatches_give_the_loss_and_gradient_of_one_batch(tmp_path):
+def test_four_microbatches_give_the_loss_and_gradient_of_one_batch(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # float32 products (torch's default)
     path = hf_checkpoint(tmp_path / "hf")
     data = batch(seed=2)
     data["labels"][0, 10:] = -100  # unequal token counts per micro-batch: the mean must be token-weighted
@@ -98,8 +108,12 @@ def test_four_microbatches_give_the_loss_and_gradient_of_one_batch(tmp_path):
     on_gpu = {k: v.cuda() for k, v in data.items()}
     with torch.no_grad():
         ref = CrossEntropyLoss()(on_gpu, {"logits": hf(input_ids=on_gpu["input_ids"]).logits})["loss"]
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] == pytest.approx(ref.item(), rel=1e-4)
-    assert norms[0] == pytest.approx(norms[1], rel=1e-4)
+    # float32, the same sums grouped otherwise (micro-batches, megatron's kernels vs HF's): a forward's bound for
+    # the losses, a step's for the gradient norm, of 8 rows of 32 tokens (tests/rounding.py); the masked rows'
+    # token-weighted mean is what a mistake (a mean of micro-batch means) moves by far more
+    assert losses[0] == pytest.approx(losses[1], rel=shape(32, 8).forward_bound(), abs=0)
+    assert losses[0] == pytest.approx(ref.item(), rel=shape(32, 8).forward_bound(), abs=0)
+    assert norms[0] == pytest.approx(norms[1], rel=shape(32, 8).step_bound(), abs=0)
 
 
 def _run(m, start: int, steps: int) -> list[float]:
@@ -127,6 +141,10 @@ def test_distributed_optimizer_save_and_resume_continue_the_same_losses(tmp_path
     resumed = _fresh(Path(checkpoint))
     assert resumed.resume_from_checkpoint(checkpoint)["cur_step"] == 2
     tail = _run(resumed, 2, 2)
+    # Kept, not derived: the same operations on the same inputs (bitwise on CPU, tests/megatron), but CUDA
+    # kernels that add with atomics (flash/fused attention's backward) order float32 additions run by run, and
+    # bf16 with AdamW's eps 1e-8 amplifies that past any bound of tests/rounding.py; 1e-5 is far below what a
+    # lost optimizer state or scheduler step moves (a resumed AdamW without its moments steps ~lr per weight)
     assert head + tail == pytest.approx(straight, rel=1e-5, abs=1e-5)
 
 
@@ -271,6 +289,10 @@ def test_several_tenants_train_interleaved_like_each_alone(tmp_path):
     book = report["tenants_bookkeeping"]
     assert book["kinds"] == ["megatron-core DistributedOptimizer"] * 2
     assert book["own_chunks"] and book["chunk_params_are_the_slot"] and book["reused_chunk"]
+    # Kept, not derived: each tenant runs the same operations on the same inputs interleaved or alone (bitwise on
+    # CPU, tests/megatron/test_gpu_path_simulated.py); on CUDA, atomics in attention's backward may order float32
+    # additions run by run, amplified by bf16 and AdamW's eps 1e-8 past any bound; a leak between tenants (a
+    # shared buffer, another's gradient) moves a loss by far more than 1e-5
     for tenant in ("t1", "t2"):
         assert report["tenants_interleaved"][tenant] == pytest.approx(report["tenants_alone"][tenant], rel=1e-5)
     assert all(report["tenants_untouched"])
@@ -315,22 +337,33 @@ needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs
 
 @needs_two_gpus
 def test_tp2_training_gives_the_tp1_losses_and_grad_norms(tmp_path):
-    from megatron_two_gpus import STEPS, steps
+    from megatron_two_gpus import STEPS, TP2_ADAM_EPS, steps
 
     path = hf_checkpoint(tmp_path / "hf")
     torch.backends.cuda.matmul.allow_tf32 = False
-    reference = steps(model(path, mixed_precision="no"))
+    reference = steps(model(path, mixed_precision="no"), adam_eps=TP2_ADAM_EPS)
     tp2 = _two_gpu_run(tmp_path, path, "tp2")
     assert len(reference) == STEPS
-    assert [s["loss"] for s in tp2] == pytest.approx([s["loss"] for s in reference], rel=1e-5)
-    assert [s["grad_norm"] for s in tp2] == pytest.approx([s["grad_norm"] for s in reference], rel=1e-4)
+    # float32 (TF32 off), TP's split products and all-reduces: only summation order differs; each step of 8 rows
+    # of 64 tokens within a step's bound (tests/rounding.py), step k carrying the k - 1 earlier steps' rounding
+    # twice (Adam with eps 1: Lipschitz in the gradient)
+    bound = (2 * (STEPS - 1) + 1) * shape(64, 8).step_bound()
+    assert [s["loss"] for s in tp2] == pytest.approx([s["loss"] for s in reference], rel=bound, abs=0)
+    assert [s["grad_norm"] for s in tp2] == pytest.approx([s["grad_norm"] for s in reference], rel=bound, abs=0)
 
 
 @needs_two_gpus
 @needs_te
 def test_cp2_training_gives_the_cp1_losses(tmp_path):
     """Context parallelism needs TE's fused/flash attention, hence bf16: losses and the first gradient norm agree
-    to bf16 precision."""
+    to bf16 precision.
+
+    Tolerances kept, not derived: CP=2 splits each row's attention over two GPUs (TE's ring, partial softmax
+    sums combined in float32) and the products run on half the tokens (other GEMM tilings), so bf16 values along
+    a token's path may round one ulp (2 U_BF16, tests/rounding.py) apart at each of ~20 ops; the first loss is
+    a mean over 480 tokens of such differences (5e-3 ~ 1.3 U_BF16), the first gradient norm sums them once more
+    (2e-2 ~ 5 U_BF16), and the later losses follow AdamW (eps 1e-8) steps, past any bound. What a CP mistake
+    moves is far larger: a token count summed over CP twice halves the gradient norm."""
     from megatron_two_gpus import steps
 
     path = hf_checkpoint(tmp_path / "hf")

@@ -120,7 +120,7 @@ def test_sample_builds_token_prompts_and_per_prompt_lora_requests(sampler, tmp_p
 
 def test_compute_logprobs_reads_prompt_logprobs_of_the_given_tokens(sampler):
     values = sampler.compute_logprobs([[4, 5, 6]], reference=True)
-    assert values == [[None, pytest.approx(-0.1), pytest.approx(-0.2)]]
+    assert values == [[None, -0.1, -0.2]]  # the engine's Python floats passed through: exact
     call = sampler.engine.calls[-1]
     assert call["params"].prompt_logprobs == 0 and call["lora"] == [None]
 
@@ -145,7 +145,7 @@ def test_lora_weights_sync_as_new_adapter_versions(sampler):
     current = model.get_state_dict(adapter_name="policy")
     assert saved and len(saved) == len(current)
     for (_, a), (_, b) in zip(sorted(saved.items()), sorted(current.items())):
-        torch.testing.assert_close(a, b.cpu())
+        assert a.dtype == b.dtype and torch.equal(a, b.cpu())  # the float32 tensors written and read back: exact
     sampler.sample([[1]], adapter_name="policy")
     assert sampler.engine.calls[-1]["lora"][0].lora_int_id == second.lora_id
 

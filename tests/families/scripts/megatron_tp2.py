@@ -1,7 +1,7 @@
 """Run under ``torchrun --nproc_per_node=2`` (gloo): the family matrix's TP=2 checks in one launch.
 
 For every MEGATRON_CPU family: MegatronModel at TP=2 (split weights) gives HF's logits. Then seed 001's
-MegatronModel example on a Qwen 3.5 model at TP=2 (the mesh that fits two CPU ranks). Rank N writes
+MegatronModel example on a Qwen 3.5 model at TP=2 (the mesh that fits two CPU ranks; Adam with eps 1). Rank N writes
 rankN.json.
 
 argv: <output dir> <json file: {name: model directory}>
@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch.distributed as dist  # noqa: E402
-from family_testing import logits_batch, max_logits_diff, seed_example  # noqa: E402
+from family_testing import SEED_PARITY_OPTIMIZER, logits_batch, max_logits_diff, seed_example  # noqa: E402
 
 import twinkle  # noqa: E402
 from twinkle import DeviceMesh  # noqa: E402
@@ -35,9 +35,9 @@ def main() -> None:
     batch = logits_batch()
     for name, path in dirs.items():
         model = MegatronModel(model_id=path, device_mesh=mesh, mixed_precision="no")
-        report[f"{name}_logits_diff"] = max_logits_diff(model.forward_only(inputs=batch)["logits"], Path(path), batch)
+        report[f"{name}_logits"] = max_logits_diff(model.forward_only(inputs=batch)["logits"], Path(path), batch)
         report[f"{name}_vocab_rows"] = int(model.gpt.output_layer.weight.shape[0])
-    report["seed"] = seed_example(Path(dirs["qwen3_5"]), out / "seed", mesh=mesh)
+    report["seed"] = seed_example(Path(dirs["qwen3_5"]), out / "seed", mesh=mesh, **SEED_PARITY_OPTIMIZER)
     (out / f"rank{runtime.rank}.json").write_text(json.dumps(report))
     dist.barrier()
     dist.destroy_process_group()
