@@ -37,12 +37,22 @@ def lora_config() -> Any:
     return LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0, init_lora_weights="gaussian")
 
 
-def build(lora: bool, family: str = "qwen2") -> Any:
+def data_rows(batch: dict[str, torch.Tensor], fsdp: int) -> dict[str, torch.Tensor]:
+    """This rank's rows: data rank ``rank // tp`` of ``fsdp`` (tp varies fastest; the DataLoader's slice)."""
+    import torch.distributed as dist
+
+    if world() == 1:
+        return batch
+    data_rank = dist.get_rank() // (world() // fsdp)
+    return {k: v[data_rank::fsdp] for k, v in batch.items()}
+
+
+def build(lora: bool, family: str = "qwen2", fsdp: int = 1) -> Any:
     from twinkle import DeviceMesh
     from twinkle.model import TransformersModel
 
     n = world()
-    mesh = DeviceMesh.from_sizes(tp_size=n, world_size=n) if n > 1 else None
+    mesh = DeviceMesh.from_sizes(tp_size=n // fsdp, fsdp_size=fsdp, world_size=n) if n > 1 else None
     torch.manual_seed(0)
     model = TransformersModel(config=tiny_config(family), device_mesh=mesh, mixed_precision="no")
     adapter = None
@@ -64,11 +74,12 @@ def layer_bytes(model: Any) -> int:
     return total
 
 
-def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int = 1) -> dict[str, Any]:
-    """Train STEPS steps (each of ``accumulation`` micro-batches of ROWS / accumulation rows)."""
+def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int = 1, fsdp: int = 1) -> dict[str, Any]:
+    """Train STEPS steps (each of ``accumulation`` micro-batches of ROWS / accumulation rows), on ``world /
+    fsdp`` tensor-parallel ranks times ``fsdp`` FSDP2 ranks (each FSDP2 rank reading its rows)."""
     from twinkle.collective import full_tensor
 
-    model, adapter = build(lora, family)
+    model, adapter = build(lora, family, fsdp if world() > 1 else 1)
     group = model._group(adapter)
     names = {id(p): n for n, p in model.model.named_parameters()}
     initial = {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
@@ -77,7 +88,7 @@ def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int =
         batch = make_batch(100 + step, rows=ROWS, length=SEQ)
         chunk = ROWS // accumulation
         for i in range(accumulation):
-            micro = {k: v[i * chunk:(i + 1) * chunk] for k, v in batch.items()}
+            micro = data_rows({k: v[i * chunk:(i + 1) * chunk] for k, v in batch.items()}, fsdp)
             losses.append(float(model.forward_backward(inputs=micro, adapter_name=adapter,
                                                        gradient_accumulation_steps=accumulation)))
         model.clip_grad_and_step(max_grad_norm=1e9, adapter_name=adapter)
@@ -91,14 +102,18 @@ def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int =
               "state_is_full": all(not hasattr(v, "to_local") for v in state.values()),
               "state_keys": sorted(state), "wrapped": model.backend.dist_plan.kind}
     if out is not None and family == "qwen2":
-        result["export"] = model.save("export_lora" if lora else "export_full", output_dir=str(out),
-                                      adapter_name=adapter)
+        name = f"export_{'lora' if lora else 'full'}{'_fsdp' if fsdp > 1 else ''}"
+        result["export"] = model.save(name, output_dir=str(out), adapter_name=adapter)
     return result
 
 
 SCENARIOS = {"tp_full": lambda out: run(False, out), "tp_lora": lambda out: run(True, out),
              # Qwen3's per-head q_norm/k_norm: partial gradients, summed per micro-batch
-             "tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2)}
+             "tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2),
+             # FSDP2 x TP on 4 ranks: fsdp=2 (rows split) x tp=2
+             "fsdp_tp_full": lambda out: run(False, out, fsdp=2),
+             "fsdp_tp_lora": lambda out: run(True, out, fsdp=2),
+             "fsdp_tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2, fsdp=2)}
 
 
 def main() -> None:

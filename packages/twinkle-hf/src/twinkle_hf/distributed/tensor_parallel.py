@@ -17,6 +17,10 @@ low-rank activation). peft's own hook runs only when the base model is already s
 is added, and then draws ``lora_A`` at the local width (another init than one process's); this order
 avoids that.
 
+Under FSDP2 x TP (torchtitan's 2-D layout) the tensor-parallel weights are then ``fully_shard``-ed over
+the ``fsdp`` dimension of the same torch mesh (``wrap.parallelize``): a weight is a DTensor on the 2-D
+mesh, a replicated one a DTensor on the fsdp dimension.
+
 The loss sees full logits (the head's output is gathered), so no vocabulary-parallel cross-entropy is
 needed for correctness; it would save the gather (not built). The gradient norm mixes DTensor gradients
 (sharded weights) and plain ones (replicated norms, whose gradients are already complete on every rank):
@@ -75,17 +79,16 @@ def _check_heads(config: Any, tp_size: int, family: str) -> None:
                              "or use fsdp_size instead.")
 
 
-def torch_tp_mesh(mesh: Any, device_type: str) -> tuple[Any, Any]:
-    """(the ``tp`` sub-mesh, the data-parallel process group) from twinkle's DeviceMesh."""
-    torch_mesh = mesh.to_torch(device_type, dims=("dp", "tp"))
-    return torch_mesh["tp"], torch_mesh["dp"].get_group()
-
-
-def apply(module: torch.nn.Module, hf_model: torch.nn.Module, plan: dict[str, str], tp_mesh: Any) -> None:
+def apply(module: torch.nn.Module, hf_model: torch.nn.Module, plan: dict[str, str],
+          tp_mesh: Any) -> list[torch.nn.Module]:
     """Shard ``hf_model`` (in place) over ``tp_mesh`` with ``plan``; LoRA layers' base layers and factors too.
 
     ``module`` is what holds the adapters (a PeftModel, or ``hf_model`` itself); ``plan`` comes from
     :func:`resolve_plan`, made before the adapters were injected.
+
+    Returns:
+        The modules whose (replicated) parameters get only part of their gradient on each rank (Qwen3's
+        per-head ``q_norm``/``k_norm``): :func:`sum_partial_grads` completes them once per optimizer step.
     """
     from peft.tuners.lora import LoraLayer
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
@@ -109,27 +112,33 @@ def apply(module: torch.nn.Module, hf_model: torch.nn.Module, plan: dict[str, st
         raise ValueError(f"LoRA on {unsupported[:3]} cannot be tensor-parallel: peft shards adapters on "
                          f"{' and '.join(LORA_STYLES)} layers only. Leave these modules out of target_modules.")
     apply_tensor_parallelism(hf_model, tp_mesh, placed)
-    for module in partial:
-        for param in module.parameters(recurse=False):
-            param.register_hook(_summed_over(tp_mesh.get_group()))
     for name, style in wrapped.items():
         _shard_adapters(modules[name], style, tp_mesh, name)
     check_sharded(hf_model, plan)
+    return partial
 
 
-def _summed_over(group: Any) -> Any:
-    """A gradient hook summing each backward's gradient over ``group`` before it is accumulated.
+def sum_partial_grads(modules: list[torch.nn.Module], group: Any, params: set[int]) -> None:
+    """Sum, over the tensor-parallel ``group``, the gradients of ``modules``' own parameters in ``params``.
 
-    transformers' own style for these parameters all-reduces ``param.grad`` after accumulation, which
-    sums the earlier micro-batches' (already complete) gradients again under gradient accumulation; a
-    tensor hook reduces only what this backward adds.
+    Called once per optimizer step, on the accumulated gradient (the sum of the micro-batches' partial
+    sums: the reduction is linear). transformers' own style for these parameters all-reduces
+    ``param.grad`` after every backward, which sums the earlier micro-batches again under gradient
+    accumulation; a tensor hook on the parameter would not survive FSDP2, which replaces the parameters.
+    Under FSDP2 x TP each gradient is this rank's FSDP shard, and the ranks of one tensor-parallel group
+    hold the same shard: their local tensors are summed.
     """
+    from torch.distributed.tensor import DTensor
+
     from twinkle import collective
 
-    def hook(grad: torch.Tensor) -> torch.Tensor:
-        return collective.all_reduce(grad, group=group)  # a new tensor, reduced on the communication device
-
-    return hook
+    for module in modules:
+        for param in module.parameters(recurse=False):
+            if id(param) not in params or param.grad is None:
+                continue
+            grad = param.grad
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            local.copy_(collective.all_reduce(local, group=group))  # reduced on the communication device
 
 
 def _shard_adapters(layer: Any, style: str, tp_mesh: Any, name: str) -> None:

@@ -84,6 +84,9 @@ class HFBackend:
         self.groups: dict[str, OptimizerGroup] = {}
         #: tensor parallelism: transformers' plan resolved for this model (applied by ``parallelize``)
         self.tp_plan: dict[str, str] | None = None
+        #: modules whose replicated parameters get partial gradients under TP, and the group summing them
+        self.tp_partial: list[torch.nn.Module] = []
+        self.tp_group: Any = None
 
     # ============================================================== structure
     @property
@@ -237,6 +240,10 @@ class HFBackend:
 
     def finish_grads(self, group: OptimizerGroup) -> None:
         """Unscale (fp16) and turn summed gradients into the token-weighted mean."""
+        if self.tp_partial:  # per-head norms: each tensor-parallel rank holds part of the gradient
+            from twinkle_hf.distributed.tensor_parallel import sum_partial_grads
+
+            sum_partial_grads(self.tp_partial, self.tp_group, {id(p) for p in self._optimizer_params(group)})
         if group.scaler is not None:
             group.scaler.unscale_(group.optimizer)
             self._agree_found_inf(group)
@@ -262,7 +269,7 @@ class HFBackend:
 
     def clip(self, group: OptimizerGroup, max_norm: float, norm_type: float) -> float:
         params = [p for p in self._optimizer_params(group) if p.grad is not None]
-        if self.dist_plan.kind == "tp":  # DTensor shards and replicated plain gradients in one norm
+        if self.dist_plan.tensor_parallel:  # DTensor shards of several meshes and plain gradients in one norm
             from twinkle_hf.distributed.tensor_parallel import clip_grad_norm
 
             return clip_grad_norm(params, max_norm, norm_type)

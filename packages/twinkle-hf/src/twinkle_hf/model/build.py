@@ -53,12 +53,13 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
     device = process_device()
     precision = plan_precision(mixed_precision, device.type, fp8_provider="torchao.fp8")  # TE wraps no HF layer
     precision.make_grad_scaler(grad_scaler_config)  # validates the config before loading anything
-    if plan.kind == "tp" and memory_efficient_init:
+    if plan.tensor_parallel and memory_efficient_init:
         raise ValueError("memory_efficient_init=True is not supported with tp_size > 1 (every tensor-parallel rank "
                          "loads the weights and keeps its slices); drop memory_efficient_init.")
     rank0_only = memory_efficient_init and plan.distributed
     module = weights_dir = None
-    if plan.sharded and meta_ok and model_id is not None and precision.provider is None:
+    # FSDP2 x TP loads whole, then shards (the meta build's slice reads are not wired to tp yet)
+    if plan.sharded and not plan.tensor_parallel and meta_ok and model_id is not None and precision.provider is None:
         built = build_for_sharding(model_cls, model_id, config, kwargs, strict=strict)
         if built is not None:
             module, path = built
@@ -72,10 +73,10 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
         module, path = load_hf_model(model_cls, model_id, config, kwargs, strict=strict)
     if precision.provider is not None:
         module = precision.provider.prepare_model(module)
-    if not on_meta(module) and not plan.sharded:
+    if not on_meta(module) and (not plan.sharded or plan.tensor_parallel):  # TP distributes from the device
         module = module.to(device)
     tp_plan = None
-    if plan.kind == "tp":  # resolved before peft wraps any layer (the plan names the plain modules)
+    if plan.tensor_parallel:  # resolved before peft wraps any layer (the plan names the plain modules)
         from twinkle_hf.distributed.tensor_parallel import resolve_plan
 
         tp_plan = resolve_plan(module, plan.tp_size)
