@@ -47,7 +47,7 @@ def data_rows(batch: dict[str, torch.Tensor], fsdp: int) -> dict[str, torch.Tens
     return {k: v[data_rank::fsdp] for k, v in batch.items()}
 
 
-def build(lora: bool, family: str = "qwen2", fsdp: int = 1) -> Any:
+def build(lora: bool, family: str = "qwen2", fsdp: int = 1, momentum: float = 0.0) -> Any:
     from twinkle import DeviceMesh
     from twinkle.model import TransformersModel
 
@@ -60,7 +60,7 @@ def build(lora: bool, family: str = "qwen2", fsdp: int = 1) -> Any:
         adapter = "a"
         torch.manual_seed(1)
         model.add_adapter_to_model(adapter, lora_config())
-    model.set_optimizer("SGD", lr=LR, adapter_name=adapter)
+    model.set_optimizer("SGD", lr=LR, momentum=momentum, adapter_name=adapter)
     return model, adapter
 
 
@@ -107,13 +107,49 @@ def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int =
     return result
 
 
+CKPT_STEPS, MOMENTUM = 2, 0.5  # momentum: the optimizer state must cross the layouts too
+
+
+def train_steps(model: Any, adapter: str | None, steps: range, fsdp: int) -> list[float]:
+    """One micro-batch per step on this rank's rows of batch ``100 + step``; the global losses."""
+    losses = []
+    for step in steps:
+        batch = data_rows(make_batch(100 + step, rows=ROWS, length=SEQ), fsdp)
+        losses.append(float(model.forward_backward(inputs=batch, adapter_name=adapter)))
+        model.clip_grad_and_step(max_grad_norm=1e9, adapter_name=adapter)
+    return losses
+
+
+def checkpointed(lora: bool, out: Path, fsdp: int) -> dict[str, Any]:
+    """CKPT_STEPS steps, a checkpoint (DCP shards + HF export), then STEPS more: the uninterrupted run."""
+    model, adapter = build(lora, fsdp=fsdp, momentum=MOMENTUM)
+    before = train_steps(model, adapter, range(CKPT_STEPS), fsdp)
+    path = model.save(f"ckpt_{'lora' if lora else 'full'}", output_dir=str(out), adapter_name=adapter,
+                      save_optimizer=True)
+    continued = train_steps(model, adapter, range(CKPT_STEPS, CKPT_STEPS + STEPS), fsdp)
+    return {"before": before, "continued": continued, "path": path}
+
+
+def resumed(lora: bool, out: Path, fsdp: int) -> dict[str, Any]:
+    """A fresh model on this layout resumed from :func:`checkpointed`'s checkpoint, trained the same steps."""
+    model, adapter = build(lora, fsdp=fsdp, momentum=MOMENTUM)
+    model.resume_from_checkpoint(str(out / f"ckpt_{'lora' if lora else 'full'}"), adapter_name=adapter)
+    return {"resumed": train_steps(model, adapter, range(CKPT_STEPS, CKPT_STEPS + STEPS), fsdp),
+            "wrapped": model.backend.dist_plan.kind}
+
+
 SCENARIOS = {"tp_full": lambda out: run(False, out), "tp_lora": lambda out: run(True, out),
              # Qwen3's per-head q_norm/k_norm: partial gradients, summed per micro-batch
              "tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2),
              # FSDP2 x TP on 4 ranks: fsdp=2 (rows split) x tp=2
              "fsdp_tp_full": lambda out: run(False, out, fsdp=2),
              "fsdp_tp_lora": lambda out: run(True, out, fsdp=2),
-             "fsdp_tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2, fsdp=2)}
+             "fsdp_tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2, fsdp=2),
+             "fsdp_tp_ckpt_full": lambda out: checkpointed(False, out, fsdp=2),
+             "fsdp_tp_ckpt_lora": lambda out: checkpointed(True, out, fsdp=2),
+             # launched on 2 ranks after the 4-rank run, in its directory: FSDP2 alone (fsdp=2, tp=1)
+             "resume_fsdp_full": lambda out: resumed(False, out, fsdp=2),
+             "resume_fsdp_lora": lambda out: resumed(True, out, fsdp=2)}
 
 
 def main() -> None:

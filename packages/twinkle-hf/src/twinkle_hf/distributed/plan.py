@@ -34,6 +34,7 @@ class DistributedPlan:
     dp_size: int = 1
     fsdp_size: int = 1
     tp_size: int = 1
+    ep_size: int = 1
     distributed: bool = field(init=False)
     sharded: bool = field(init=False)
     hsdp: bool = field(init=False)
@@ -48,6 +49,11 @@ class DistributedPlan:
     def tensor_parallel(self) -> bool:
         """Whether the layers' weights are split over ``tp_size`` ranks (alone or under FSDP2)."""
         return self.tp_size > 1
+
+    @property
+    def expert_parallel(self) -> bool:
+        """Whether each MoE layer's experts are split over ``ep_size`` of the data ranks (under FSDP2)."""
+        return self.ep_size > 1
 
     @property
     def data_size(self) -> int:
@@ -71,6 +77,8 @@ def make_plan(strategy: str, mesh: DeviceMesh | None, world_size: int | None = N
     if others:
         raise ValueError(f"TransformersModel shards over dp, fsdp and tp only; the mesh has {others}. Use "
                          "MegatronModel (twinkle-megatron) for pipeline/context parallelism, or set those sizes to 1.")
+    if mesh.ep_size > 1:
+        return _ep_plan(mesh, strategy, world)
     if mesh.tp_size > 1:
         return _tp_plan(mesh, strategy, world)
     if world % mesh.fsdp_size:
@@ -119,6 +127,25 @@ def _tp_plan(mesh: DeviceMesh, strategy: str, world: int) -> DistributedPlan:
                     "(fully_shard over the fsdp dimension of a 2-D mesh); fsdp_config takes its keys.",
                     mesh.fsdp_size, mesh.tp_size)
     return DistributedPlan("fsdp2", world, dp_size=mesh.dp_size, fsdp_size=mesh.fsdp_size, tp_size=mesh.tp_size)
+
+
+def _ep_plan(mesh: DeviceMesh, strategy: str, world: int) -> DistributedPlan:
+    """Expert parallelism carved out of the FSDP2 data ranks: ``ep_size`` of them split each layer's experts."""
+    if mesh.tp_size > 1:
+        raise ValueError(f"TransformersModel does not run expert x tensor parallelism (ep_size={mesh.ep_size} x "
+                         f"tp_size={mesh.tp_size}) yet: use ep_size with fsdp_size (FSDP2 x EP) and tp_size=1, or "
+                         "tp_size with fsdp_size and ep_size=1.")
+    if mesh.fsdp_size == 1:
+        raise ValueError(f"TransformersModel runs expert parallelism under FSDP2 only: ep_size={mesh.ep_size} with "
+                         f"dp_size={mesh.dp_size} x fsdp_size=1. Use fsdp_size={mesh.dp_size} instead of dp_size.")
+    if mesh.world_size != world:
+        raise ValueError(f"The DeviceMesh covers dp={mesh.dp_size} x fsdp={mesh.fsdp_size} = {mesh.world_size} "
+                         f"processes but {world} were launched (WORLD_SIZE). Launch {mesh.world_size} processes, "
+                         f"or use DeviceMesh.from_sizes(fsdp_size={world}, ep_size={mesh.ep_size}).")
+    if strategy == "accelerate":
+        logger.info("strategy='accelerate' with ep=%d: FSDP2 x EP runs on torch's native FSDP2 (fully_shard with the "
+                    "expert weights left out); fsdp_config takes its keys.", mesh.ep_size)
+    return DistributedPlan("fsdp2", world, dp_size=mesh.dp_size, fsdp_size=mesh.fsdp_size, ep_size=mesh.ep_size)
 
 
 def check_process_group(plan: DistributedPlan) -> None:

@@ -65,6 +65,9 @@ class TorchMeshes:
     fsdp: Any  # what fully_shard spans: ('dp', 'fsdp') for HSDP, ('fsdp',) otherwise; None without FSDP2
     tp: Any  # the tensor-parallel dimension, None without TP
     data_group: Any  # the ranks that read different batches (None: the world)
+    ep: Any = None  # the expert-parallel dimension, None without EP
+    ep_tp: Any = None  # transformers' "ranks sharing one batch" for its EP styles: size 1 (no TP with EP)
+    ep_replicas: Any = None  # the group of ranks holding the same experts
 
 
 def torch_meshes(plan: DistributedPlan, mesh: DeviceMesh, device_type: str) -> TorchMeshes:
@@ -74,9 +77,15 @@ def torch_meshes(plan: DistributedPlan, mesh: DeviceMesh, device_type: str) -> T
 
     if not plan.tensor_parallel:
         if plan.hsdp:
-            root = init_device_mesh(device_type, (plan.dp_size, plan.fsdp_size), mesh_dim_names=("dp", "fsdp"))
-            return TorchMeshes(root, None, None)
-        return TorchMeshes(init_device_mesh(device_type, (plan.world_size,), mesh_dim_names=("fsdp",)), None, None)
+            fsdp = init_device_mesh(device_type, (plan.dp_size, plan.fsdp_size), mesh_dim_names=("dp", "fsdp"))
+        else:
+            fsdp = init_device_mesh(device_type, (plan.world_size,), mesh_dim_names=("fsdp",))
+        if not plan.expert_parallel:
+            return TorchMeshes(fsdp, None, None)
+        # the data ranks as (replicas, ep): each run of ep_size adjacent ranks holds all the experts once
+        experts = init_device_mesh(device_type, (plan.data_size // plan.ep_size, plan.ep_size, 1),
+                                   mesh_dim_names=("ep_replicate", "ep", "ep_tp"))
+        return TorchMeshes(fsdp, None, None, experts["ep"], experts["ep_tp"], experts["ep_replicate"].get_group())
     root = mesh.to_torch(device_type, dims=("dp", "fsdp", "tp"))
     if plan.dp_size > 1 and plan.fsdp_size > 1:
         data = root["dp", "fsdp"]._flatten("data").get_group()  # torch has no public flatten yet (torchtitan's way)
@@ -99,15 +108,17 @@ def mp_policy(mixed_precision: str, fsdp_config: dict[str, Any]) -> Any:
 
 
 def wrap_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, fsdp_mesh: Any, mixed_precision: str,
-               fsdp_config: dict[str, Any]) -> list[str]:
-    """``fully_shard`` each decoder layer, then the root (in place), over ``fsdp_mesh``; returns the layer
-    classes used."""
+               fsdp_config: dict[str, Any], ignored: list[torch.nn.Parameter] | None = None) -> list[str]:
+    """``fully_shard`` each decoder layer, then the root (in place), over ``fsdp_mesh``, leaving ``ignored``
+    (expert-parallel weights) alone; returns the layer classes used."""
     from torch.distributed.fsdp import fully_shard
 
     check_configs("native_fsdp", None, fsdp_config)
     classes = decoder_layer_classes(model, hf_model)
     kwargs = {"mesh": fsdp_mesh, "mp_policy": mp_policy(mixed_precision, fsdp_config),
               "reshard_after_forward": fsdp_config.get("reshard_after_forward", True)}
+    if ignored:
+        kwargs["ignored_params"] = set(ignored)
     for layer in modules_of(model, classes):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -202,18 +213,22 @@ def parallelize(backend: Any) -> None:
     inject LoRA layers before TP/DDP/FSDP2 see the parameters. The steps:
 
     1. tensor parallelism (transformers' plan on the ``tp`` mesh; adapters sharded the peft way);
-    2. activation checkpointing: already in place -- the ``GradientCheckpointing`` patch, applied at
+    2. expert parallelism (transformers' ``ep_plan`` on the ``ep`` mesh: whole experts per rank, tokens
+       exchanged all-to-all; ``expert_parallel.py``);
+    3. activation checkpointing: already in place -- the ``GradientCheckpointing`` patch, applied at
        construction, wraps each decoder layer's call, so it recomputes inside TP's hooks and under FSDP's;
-    3. compile: not applied to transformers models by this backend;
-    4. data parallelism: DDP, or ``fully_shard`` per decoder layer then the root (HSDP on a 2-D mesh;
-       over TP-sharded weights, the fsdp dimension of the same mesh), or accelerate's FSDP2 plugin;
-    5. the weights: built on meta (FSDP2 sharded loading), each rank gets storage for its shards only and
+    4. compile: not applied to transformers models by this backend;
+    5. data parallelism: DDP, or ``fully_shard`` per decoder layer then the root (HSDP on a 2-D mesh;
+       over TP-sharded weights, the fsdp dimension of the same mesh; expert weights left out), or
+       accelerate's FSDP2 plugin;
+    6. the weights: built on meta (FSDP2 sharded loading), each rank gets storage for its shards only and
        reads its slices from the checkpoint files; ``memory_efficient_init``: rank 0's full weights reach
        the other ranks once wrapped.
 
     A VL model under FSDP2 gets its vision lockstep (``vision_lockstep.py``); under DDP, a trained vision
     tower makes DDP look for unused parameters (text-only micro-batches leave it without a gradient).
     """
+    from twinkle import collective
     from twinkle.log import get_logger
     from twinkle_hf.model.vision import is_multimodal, needs_unused_search
     from twinkle_hf.model.vision_lockstep import VisionLockstep
@@ -232,11 +247,17 @@ def parallelize(backend: Any) -> None:
 
         kept = shard_load.real_tensors(backend.module)
     meshes = torch_meshes(plan, backend.device_mesh, backend.device.type) if plan.kind in ("fsdp2", "tp") else None
+    # losses, token counts and metrics are summed over the ranks reading different batches: with TP the
+    # dp x fsdp ranks only (a tensor-parallel group shares its batch), otherwise the world
+    collective.set_data_group(meshes.data_group if meshes is not None else None)
     # 1. tensor parallelism
     if plan.tensor_parallel:
         _tensor_parallel(backend, hf, meshes)
-    # 2. activation checkpointing and 3. compile: see the docstring
-    # 4. data parallelism
+    # 2. expert parallelism
+    if plan.expert_parallel:
+        _expert_parallel(backend, hf, meshes)
+    # 3. activation checkpointing and 4. compile: see the docstring
+    # 5. data parallelism
     if plan.kind == "ddp":
         if needs_unused_search(hf):
             backend.ddp_config.setdefault("find_unused_parameters", True)
@@ -246,11 +267,11 @@ def parallelize(backend: Any) -> None:
                                multi_adapter=adapters > 1)
     elif plan.kind == "fsdp2":
         backend.layer_classes = wrap_fsdp2(backend.module, hf, meshes.fsdp, backend.mixed_precision,
-                                           backend.fsdp_config)
+                                           backend.fsdp_config, ignored=backend.ep_params)
     elif plan.kind == "accelerate_fsdp2":
         backend.accelerator, backend.layer_classes = wrap_accelerate_fsdp2(
             backend.module, hf, backend.device, backend.mixed_precision, backend.fsdp_config)
-    # 5. the weights
+    # 6. the weights
     if kept is not None:  # storage for this rank's shards only, then its slices from the files
         shard_load.materialize(backend.module, backend.device, kept)
         shard_load.fill_from_checkpoint(backend.module, backend.weights_dir, skip=set(kept))
@@ -260,17 +281,22 @@ def parallelize(backend: Any) -> None:
         backend.memory_efficient_pending = False
     if plan.sharded and is_multimodal(hf.config):
         backend.vision = VisionLockstep(backend)
-    get_logger("twinkle_hf").info("wrapped for %s (world %d, tp %d, layers %s)", plan.kind, plan.world_size,
-                                  plan.tp_size, backend.layer_classes)
+    get_logger("twinkle_hf").info("wrapped for %s (world %d, tp %d, ep %d, layers %s)", plan.kind,
+                                  plan.world_size, plan.tp_size, plan.ep_size, backend.layer_classes)
+
+
+def _expert_parallel(backend: Any, hf: torch.nn.Module, meshes: TorchMeshes) -> None:
+    """transformers' experts plan on the ``ep`` mesh (see ``expert_parallel.py``)."""
+    from twinkle_hf.distributed import expert_parallel
+
+    backend.ep_params = expert_parallel.apply(hf, backend.ep_plan, meshes.ep, meshes.ep_tp)
+    backend.ep_replicas = meshes.ep_replicas
 
 
 def _tensor_parallel(backend: Any, hf: torch.nn.Module, meshes: TorchMeshes) -> None:
-    """transformers' plan on the ``tp`` mesh; losses, token counts and metrics are summed over the data ranks
-    only (the tensor-parallel ranks of one group share their batch)."""
-    from twinkle import collective
+    """transformers' plan on the ``tp`` mesh (see ``tensor_parallel.py``)."""
     from twinkle_hf.distributed import tensor_parallel
 
     backend.tp_partial = tensor_parallel.apply(backend.module, hf, backend.tp_plan, meshes.tp)
     backend.tp_group = meshes.tp.get_group()
-    collective.set_data_group(meshes.data_group)
     backend.layer_classes = []

@@ -87,6 +87,10 @@ class HFBackend:
         #: modules whose replicated parameters get partial gradients under TP, and the group summing them
         self.tp_partial: list[torch.nn.Module] = []
         self.tp_group: Any = None
+        #: expert parallelism: transformers' plan, the expert weights it sharded, the ranks holding the same experts
+        self.ep_plan: dict[str, str] | None = None
+        self.ep_params: list[torch.nn.Parameter] = []
+        self.ep_replicas: Any = None
 
     # ============================================================== structure
     @property
@@ -244,15 +248,24 @@ class HFBackend:
             from twinkle_hf.distributed.tensor_parallel import sum_partial_grads
 
             sum_partial_grads(self.tp_partial, self.tp_group, {id(p) for p in self._optimizer_params(group)})
+        if self.ep_params:  # each rank's experts got the gradient of every rank's tokens (all-to-all)
+            from twinkle_hf.distributed.expert_parallel import finish_expert_grads
+
+            finish_expert_grads(self.ep_params, self.ep_replicas, self.dist_plan.data_size,
+                                {id(p) for p in self._optimizer_params(group)})
         if group.scaler is not None:
             group.scaler.unscale_(group.optimizer)
             self._agree_found_inf(group)
         factor = group.grad_rescale()
         if factor is not None:
             grads = [p.grad for p in self._optimizer_params(group) if p.grad is not None]
-            # tensor parallelism mixes DTensor and plain gradients, which one foreach call refuses
-            for kind in {type(g) for g in grads}:
-                torch._foreach_mul_([g for g in grads if type(g) is kind], factor)
+            # tensor/expert parallelism mixes plain gradients and DTensors of several meshes (FSDP2 x TP: the
+            # fsdp dimension and the 2-D mesh), which one foreach call refuses
+            kinds: dict[Any, list[torch.Tensor]] = {}
+            for grad in grads:
+                kinds.setdefault((type(grad), getattr(grad, "device_mesh", None)), []).append(grad)
+            for same in kinds.values():
+                torch._foreach_mul_(same, factor)
 
     def _agree_found_inf(self, group: OptimizerGroup) -> None:
         """fp16: every rank's scaler sees an inf/NaN that any rank's gradient shard holds.
@@ -269,7 +282,8 @@ class HFBackend:
 
     def clip(self, group: OptimizerGroup, max_norm: float, norm_type: float) -> float:
         params = [p for p in self._optimizer_params(group) if p.grad is not None]
-        if self.dist_plan.tensor_parallel:  # DTensor shards of several meshes and plain gradients in one norm
+        # TP/EP: DTensor gradients of several meshes and plain ones in one norm (torch's refuses the mix)
+        if self.dist_plan.tensor_parallel or self.dist_plan.expert_parallel:
             from twinkle_hf.distributed.tensor_parallel import clip_grad_norm
 
             return clip_grad_norm(params, max_norm, norm_type)

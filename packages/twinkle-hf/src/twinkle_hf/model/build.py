@@ -53,13 +53,15 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
     device = process_device()
     precision = plan_precision(mixed_precision, device.type, fp8_provider="torchao.fp8")  # TE wraps no HF layer
     precision.make_grad_scaler(grad_scaler_config)  # validates the config before loading anything
-    if plan.tensor_parallel and memory_efficient_init:
-        raise ValueError("memory_efficient_init=True is not supported with tp_size > 1 (every tensor-parallel rank "
-                         "loads the weights and keeps its slices); drop memory_efficient_init.")
+    if (plan.tensor_parallel or plan.expert_parallel) and memory_efficient_init:
+        raise ValueError(f"memory_efficient_init=True is not supported with tp_size={plan.tp_size}, ep_size="
+                         f"{plan.ep_size} (every tensor- or expert-parallel rank loads the weights and keeps its "
+                         "slices); drop memory_efficient_init.")
     rank0_only = memory_efficient_init and plan.distributed
     module = weights_dir = None
-    # FSDP2 x TP loads whole, then shards (the meta build's slice reads are not wired to tp yet)
-    if plan.sharded and not plan.tensor_parallel and meta_ok and model_id is not None and precision.provider is None:
+    # FSDP2 x TP/EP loads whole, then shards (the meta build's slice reads are not wired to tp/ep yet)
+    whole = plan.tensor_parallel or plan.expert_parallel
+    if plan.sharded and not whole and meta_ok and model_id is not None and precision.provider is None:
         built = build_for_sharding(model_cls, model_id, config, kwargs, strict=strict)
         if built is not None:
             module, path = built
@@ -73,7 +75,7 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
         module, path = load_hf_model(model_cls, model_id, config, kwargs, strict=strict)
     if precision.provider is not None:
         module = precision.provider.prepare_model(module)
-    if not on_meta(module) and (not plan.sharded or plan.tensor_parallel):  # TP distributes from the device
+    if not on_meta(module) and (not plan.sharded or plan.tensor_parallel or plan.expert_parallel):  # TP/EP shard there
         module = module.to(device)
     tp_plan = None
     if plan.tensor_parallel:  # resolved before peft wraps any layer (the plan names the plain modules)
@@ -85,4 +87,8 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
                      fsdp_config=dict(fsdp_config or {}), grad_scaler_config=dict(grad_scaler_config or {}),
                      weights_dir=weights_dir, memory_efficient_pending=rank0_only)
     backend.tp_plan = tp_plan
+    if plan.expert_parallel:  # resolved before peft wraps any layer, as the tensor-parallel plan
+        from twinkle_hf.distributed.expert_parallel import resolve_plan as resolve_expert_plan
+
+        backend.ep_plan = resolve_expert_plan(module, plan.ep_size)
     return backend
