@@ -58,10 +58,9 @@ def test_ep2_matches_one_process(name: str, ep_job: JobResult, references: dict)
         for key, value in want["params"].items():  # the weight updates, relative to the largest one
             assert (got["params"][key] - value).abs().max().item() <= BOUND * scale, key
         assert got["state_is_full"] and got["state_keys"] == want["state_keys"]
-    # the comparison is not vacuous: SGD moved the weights and the loss far beyond the bound
+    # the comparison is not vacuous: SGD moved the weights far beyond the bound
     largest = max(want["initial"][k].abs().max().item() for k in want["params"])
     assert scale / largest > 100 * BOUND
-    assert abs(want["losses"][-1] - want["losses"][0]) / want["losses"][0] > 10 * BOUND
     if not SCENARIOS[name][1]:  # full fine-tuning trains the routed experts: they moved too
         moved = [k for k in want["params"] if ".mlp.experts." in k
                  and (want["params"][k] - want["initial"][k]).abs().max().item() > 100 * BOUND * scale]
