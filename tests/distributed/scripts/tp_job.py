@@ -74,15 +74,19 @@ def layer_bytes(model: Any) -> int:
     return total
 
 
+def trainable(model: Any, adapter: str | None) -> dict[str, torch.Tensor]:
+    """The trainable parameters as full tensors, by name (a collective when sharded)."""
+    from twinkle.collective import full_tensor
+
+    names = {id(p): n for n, p in model.model.named_parameters()}
+    return {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(model._group(adapter))}
+
+
 def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int = 1, fsdp: int = 1) -> dict[str, Any]:
     """Train STEPS steps (each of ``accumulation`` micro-batches of ROWS / accumulation rows), on ``world /
     fsdp`` tensor-parallel ranks times ``fsdp`` FSDP2 ranks (each FSDP2 rank reading its rows)."""
-    from twinkle.collective import full_tensor
-
     model, adapter = build(lora, family, fsdp if world() > 1 else 1)
-    group = model._group(adapter)
-    names = {id(p): n for n, p in model.model.named_parameters()}
-    initial = {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
+    initial = trainable(model, adapter)
     losses, norms = [], []
     for step in range(STEPS):
         batch = make_batch(100 + step, rows=ROWS, length=SEQ)
@@ -93,7 +97,7 @@ def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int =
                                                        gradient_accumulation_steps=accumulation)))
         model.clip_grad_and_step(max_grad_norm=1e9, adapter_name=adapter)
         norms.append(model.calculate_metric(is_training=True, adapter_name=adapter)["grad_norm"])
-    params = {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
+    params = trainable(model, adapter)
     held_out = make_batch(999, rows=2, length=SEQ)
     logits = model.forward_only(inputs=held_out, adapter_name=adapter)["logits"].detach().clone()
     state = model.get_state_dict(adapter_name=adapter)
@@ -123,19 +127,22 @@ def train_steps(model: Any, adapter: str | None, steps: range, fsdp: int) -> lis
 def checkpointed(lora: bool, out: Path, fsdp: int) -> dict[str, Any]:
     """CKPT_STEPS steps, a checkpoint (DCP shards + HF export), then STEPS more: the uninterrupted run."""
     model, adapter = build(lora, fsdp=fsdp, momentum=MOMENTUM)
+    initial = trainable(model, adapter)
     before = train_steps(model, adapter, range(CKPT_STEPS), fsdp)
+    at_save = trainable(model, adapter)
     path = model.save(f"ckpt_{'lora' if lora else 'full'}", output_dir=str(out), adapter_name=adapter,
                       save_optimizer=True)
     continued = train_steps(model, adapter, range(CKPT_STEPS, CKPT_STEPS + STEPS), fsdp)
-    return {"before": before, "continued": continued, "path": path}
+    return {"before": before, "continued": continued, "path": path, "initial": initial, "at_save": at_save,
+            "params": trainable(model, adapter)}
 
 
 def resumed(lora: bool, out: Path, fsdp: int) -> dict[str, Any]:
     """A fresh model on this layout resumed from :func:`checkpointed`'s checkpoint, trained the same steps."""
     model, adapter = build(lora, fsdp=fsdp, momentum=MOMENTUM)
     model.resume_from_checkpoint(str(out / f"ckpt_{'lora' if lora else 'full'}"), adapter_name=adapter)
-    return {"resumed": train_steps(model, adapter, range(CKPT_STEPS, CKPT_STEPS + STEPS), fsdp),
-            "wrapped": model.backend.dist_plan.kind}
+    losses = train_steps(model, adapter, range(CKPT_STEPS, CKPT_STEPS + STEPS), fsdp)
+    return {"resumed": losses, "wrapped": model.backend.dist_plan.kind, "params": trainable(model, adapter)}
 
 
 SCENARIOS = {"tp_full": lambda out: run(False, out), "tp_lora": lambda out: run(True, out),
