@@ -20,12 +20,13 @@ from __future__ import annotations
 import pytest
 import torch
 from launch import JobResult, torchrun
-from rounding import Shape
+from rounding import LORA_TERMS, Shape
 from tp_job import MOMENTUM, ROWS, SEQ, STEPS, resumed, run
 
 pytestmark = pytest.mark.slow  # processes launched: started first (tests/conftest.py)
 
-SHAPE = Shape(hidden=64, intermediate=128, head_dim=16, layers=2, vocab=128, seq=SEQ, tokens=SEQ * ROWS)
+SHAPE = Shape(hidden=64, intermediate=128, head_dim=16, layers=2, vocab=128, seq=SEQ, tokens=SEQ * ROWS,
+              extra=LORA_TERMS)  # the adapters' low-rank sums (rank 4 on 8 modules: within LORA_TERMS)
 BOUND = STEPS * SHAPE.step_bound()  # ~1.5e-4 relative
 FORWARD = SHAPE.step_bound()  # one forward of the trained model (the export against the live model)
 TP2 = {"tp_full": {"lora": False}, "tp_lora": {"lora": True},
@@ -173,3 +174,16 @@ def test_tp_refuses_a_model_without_a_plan_and_uneven_heads() -> None:
         resolve_plan(model, 2)
     with pytest.raises(ValueError, match=r"not a transformers PreTrainedModel"):
         resolve_plan(torch.nn.Linear(2, 2), 2)
+
+
+def test_multi_lora_refuses_tp_and_ep_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LoRA slots' row-routed forward is not written for tensor/expert-parallel layers: refused before loading."""
+    from hf_testing import tiny_config
+
+    from twinkle import DeviceMesh
+    from twinkle.model import MultiLoraTransformersModel
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # checked before the process group is
+    with pytest.raises(ValueError, match=r"MultiLoraTransformersModel runs on dp and fsdp only: tp_size=2, "
+                                         r"ep_size=1.*fsdp_size=2"):
+        MultiLoraTransformersModel(config=tiny_config("qwen2"), device_mesh=DeviceMesh.from_sizes(tp_size=2))

@@ -1,6 +1,7 @@
-"""Expert-parallel training scenarios (FSDP2 x EP: fsdp=2, ep=2), run under torchrun and in one process.
+"""Expert-parallel training scenarios (FSDP2 x EP: fsdp=2 x ep=2 on 2 ranks, fsdp=4 x ep=2 on 4), run under
+torchrun and in one process.
 
-Usage: torchrun --nproc_per_node=2 ep_job.py OUT_DIR SCENARIO [SCENARIO ...]
+Usage: torchrun --nproc_per_node=N ep_job.py OUT_DIR SCENARIO [SCENARIO ...]
 Writes OUT_DIR/<scenario>.rank<r>.pt, or OUT_DIR/<scenario>.rank<r>.error with the traceback. Each rank trains
 on its rows ``rank::world`` of the same global batches under SGD and returns its losses, grad norms, trained
 parameters (full tensors) and the bytes of the expert weights it holds.
@@ -41,14 +42,14 @@ def config(family: str) -> Any:
     return qwen3_5_moe_config(VOCAB) if family == "qwen3_5_moe" else deepseek_v3_config(VOCAB)
 
 
-def build(family: str, lora: bool) -> tuple[Any, str | None]:
+def build(family: str, lora: bool, ep: int | None = None) -> tuple[Any, str | None]:
     from peft import LoraConfig
 
     from twinkle import DeviceMesh
     from twinkle.model import TransformersModel
 
     _, n = rank_world()
-    mesh = DeviceMesh.from_sizes(fsdp_size=n, ep_size=n, world_size=n) if n > 1 else None
+    mesh = DeviceMesh.from_sizes(fsdp_size=n, ep_size=ep or n, world_size=n) if n > 1 else None
     torch.manual_seed(0)
     model = TransformersModel(config=config(family), device_mesh=mesh, mixed_precision="no")
     adapter = None
@@ -71,11 +72,12 @@ def expert_bytes(model: Any) -> int:
     return total
 
 
-def run(family: str, lora: bool) -> dict[str, Any]:
+def run(family: str, lora: bool, ep: int | None = None) -> dict[str, Any]:
+    """STEPS SGD steps; under torchrun on fsdp=world x ep=``ep`` (default: the world)."""
     from twinkle.collective import full_tensor
 
     rank, world = rank_world()
-    model, adapter = build(family, lora)
+    model, adapter = build(family, lora, ep)
     group = model._group(adapter)
     names = {id(p): n for n, p in model.model.named_parameters()}
     initial = {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
@@ -97,7 +99,10 @@ def run(family: str, lora: bool) -> dict[str, Any]:
 SCENARIOS = {"ep_qwen3_5_moe_full": lambda: run("qwen3_5_moe", False),
              "ep_qwen3_5_moe_lora": lambda: run("qwen3_5_moe", True),
              "ep_deepseek_v3_full": lambda: run("deepseek_v3", False),
-             "ep_deepseek_v3_lora": lambda: run("deepseek_v3", True)}
+             "ep_deepseek_v3_lora": lambda: run("deepseek_v3", True),
+             # 4 ranks: fsdp=4 x ep=2, the experts sharded by FSDP2 over the 2 ranks holding the same ones
+             "fsdp4_ep2_qwen3_5_moe_full": lambda: run("qwen3_5_moe", False, ep=2),
+             "fsdp4_ep2_deepseek_v3_lora": lambda: run("deepseek_v3", True, ep=2)}
 
 
 def main() -> None:

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hf"))
 from hf_testing import make_batch, tiny_config  # noqa: E402
 
 STEPS, ROWS, SEQ, LR = 3, 4, 12, 0.5
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+#: every style a LoRA layer takes under TP: column- and row-parallel, and the gathered LM head (replicated adapters)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
 
 
 def world() -> int:

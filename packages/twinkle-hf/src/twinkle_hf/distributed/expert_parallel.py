@@ -6,14 +6,14 @@ The plan is the model's (``config.base_model_ep_plan``: each MoE layer's fused 3
 ``num_experts / ep_size`` whole experts (a DTensor ``Shard(0)``), and its experts module exchanges the
 (token, expert) pairs with transformers' ``AllToAllEP`` (two ``all_to_all_single`` per layer, differentiable;
 gloo runs them on CPU). The router, attention, shared experts, embeddings and head are data-parallel:
-``fully_shard`` over the data ranks with the expert weights left out (``ignored_params``).
+``fully_shard`` over the data ranks, as without EP.
 
-Gradients. Every rank's loss is scaled by the data size (FSDP2 averages the dense gradients over the data
-ranks), and the backward all-to-all brings each expert the gradient of every rank's tokens routed to it: an
-expert weight's gradient is the data size times the global mean's, summed over the ranks of its EP group.
-:func:`finish_expert_grads` adds the ``ep_replicas`` holding the same experts (the data ranks / ep_size) and
-divides by the data size, once per optimizer step. The expert weights are replicated over those ranks, not
-sharded further (FSDP2 over the expert-data-parallel dimension is not built).
+Gradients and FSDP2. Every rank's loss is scaled by the data size (FSDP2 averages the dense gradients over
+the data ranks), and the backward all-to-all brings each expert the gradient of every rank's tokens routed
+to it. Each experts module is its own FSDP2 unit over the ranks holding the same experts (the data ranks /
+ep_size: ``fully_shard`` over the ``ep_replicate`` dimension of an ``(ep_replicate, ep)`` mesh, the expert
+weights sharded across them), whose reduce-scatter sums those replicas and divides by the whole data size
+(``set_gradient_divide_factor``), torchtitan's recipe (``wrap.wrap_fsdp2``).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def check_adapters(hf_model: torch.nn.Module, plan: dict[str, str]) -> None:
                          "attention and the shared experts train), or use fsdp_size instead of ep_size.")
 
 
-def apply(hf_model: torch.nn.Module, plan: dict[str, str], ep_mesh: Any, tp_mesh: Any) -> list[torch.nn.Parameter]:
-    """Shard the experts of ``hf_model`` over ``ep_mesh`` (in place); the expert weights it now holds.
+def apply(hf_model: torch.nn.Module, plan: dict[str, str], ep_mesh: Any, tp_mesh: Any) -> list[torch.nn.Module]:
+    """Shard the experts of ``hf_model`` over ``ep_mesh`` (in place); the experts modules it split.
 
     ``tp_mesh`` is transformers' group of ranks sharing one batch: of size 1 here (no TP with EP).
     """
@@ -86,23 +86,11 @@ def apply(hf_model: torch.nn.Module, plan: dict[str, str], ep_mesh: Any, tp_mesh
     check_adapters(hf_model, plan)
     apply_expert_parallelism(hf_model, ep_mesh, tp_mesh, plan, ep_implementation=EP_IMPLEMENTATION)
     params = dict(hf_model.named_parameters())
-    sharded = [params[n] for n in plan if n in params and isinstance(params[n], DTensor)]
-    if not sharded:
+    if not any(isinstance(params.get(n), DTensor) for n in plan):
         raise RuntimeError(f"expert parallelism left every expert weight replicated (plan of {len(plan)} entries, "
                            f"e.g. {sorted(plan)[:2]}); check the transformers version (>= 5.21).")
-    return sharded
-
-
-def finish_expert_grads(params: list[torch.nn.Parameter], replicas: Any, data_size: int, group: set[int]) -> None:
-    """The expert weights' gradients in ``group``: summed over the ``replicas`` holding the same experts, then
-    divided by ``data_size`` (see the module docstring); once per optimizer step."""
-    from twinkle import collective
-
-    for param in params:
-        if id(param) not in group or param.grad is None:
-            continue
-        local = param.grad.to_local()
-        local.copy_(collective.all_reduce(local, group=replicas)).div_(data_size)
+    modules = dict(hf_model.named_modules())
+    return [modules[n] for n, style in plan.items() if style == "ep_dispatch_experts"]
 
 
 def expert_bytes(model: torch.nn.Module, plan: dict[str, str]) -> int:

@@ -15,7 +15,8 @@ column-parallel (``lora_A`` replicated; its gradient is summed over the ranks by
 layout), a row-parallel layer's ``lora_A`` is row-parallel (``lora_B`` replicated, fed by the reduced
 low-rank activation). peft's own hook runs only when the base model is already sharded when the adapter
 is added, and then draws ``lora_A`` at the local width (another init than one process's); this order
-avoids that.
+avoids that. The LM head (column-parallel with its logits gathered: replicated input, full output) keeps
+its adapters replicated, which needs no reduction at all.
 
 Under FSDP2 x TP (torchtitan's 2-D layout) the tensor-parallel weights are then ``fully_shard``-ed over
 the ``fsdp`` dimension of the same torch mesh (``wrap.parallelize``): a weight is a DTensor on the 2-D
@@ -34,8 +35,11 @@ from typing import Any
 
 import torch
 
-#: the styles a LoRA-wrapped layer can take (peft shards adapters on these two only)
-LORA_STYLES = ("colwise", "rowwise")
+#: the styles a LoRA-wrapped layer can take: peft shards adapters on the first two; on a column-parallel
+#: layer whose output is gathered (the LM head) the input is replicated and the output full, so the adapters
+#: stay replicated: x @ A.T @ B.T is complete on every rank, and so are their gradients
+SHARDED_LORA_STYLES = ("colwise", "rowwise")
+LORA_STYLES = (*SHARDED_LORA_STYLES, "colwise_gather_output")
 #: a replicated parameter whose gradient each rank holds only part of (Qwen3's per-head q_norm/k_norm)
 PARTIAL_GRAD = "replicated_with_grad_allreduce"
 
@@ -109,11 +113,12 @@ def apply(module: torch.nn.Module, hf_model: torch.nn.Module, plan: dict[str, st
     placed = {n: s for n, s in placed.items() if s != PARTIAL_GRAD}
     unsupported = sorted(f"{n} ({s})" for n, s in wrapped.items() if s not in LORA_STYLES)
     if unsupported:
-        raise ValueError(f"LoRA on {unsupported[:3]} cannot be tensor-parallel: peft shards adapters on "
-                         f"{' and '.join(LORA_STYLES)} layers only. Leave these modules out of target_modules.")
+        raise ValueError(f"LoRA on {unsupported[:3]} cannot be tensor-parallel: adapters run on "
+                         f"{', '.join(LORA_STYLES)} layers only. Leave these modules out of target_modules.")
     apply_tensor_parallelism(hf_model, tp_mesh, placed)
     for name, style in wrapped.items():
-        _shard_adapters(modules[name], style, tp_mesh, name)
+        if style in SHARDED_LORA_STYLES:
+            _shard_adapters(modules[name], style, tp_mesh, name)
     check_sharded(hf_model, plan)
     return partial
 

@@ -67,7 +67,7 @@ class TorchMeshes:
     data_group: Any  # the ranks that read different batches (None: the world)
     ep: Any = None  # the expert-parallel dimension, None without EP
     ep_tp: Any = None  # transformers' "ranks sharing one batch" for its EP styles: size 1 (no TP with EP)
-    ep_replicas: Any = None  # the group of ranks holding the same experts
+    ep_fsdp: Any = None  # the ranks holding the same experts (data ranks / ep): FSDP2 shards the experts there
 
 
 def torch_meshes(plan: DistributedPlan, mesh: DeviceMesh, device_type: str) -> TorchMeshes:
@@ -85,7 +85,7 @@ def torch_meshes(plan: DistributedPlan, mesh: DeviceMesh, device_type: str) -> T
         # the data ranks as (replicas, ep): each run of ep_size adjacent ranks holds all the experts once
         experts = init_device_mesh(device_type, (plan.data_size // plan.ep_size, plan.ep_size, 1),
                                    mesh_dim_names=("ep_replicate", "ep", "ep_tp"))
-        return TorchMeshes(fsdp, None, None, experts["ep"], experts["ep_tp"], experts["ep_replicate"].get_group())
+        return TorchMeshes(fsdp, None, None, experts["ep"], experts["ep_tp"], experts["ep_replicate"])
     root = mesh.to_torch(device_type, dims=("dp", "fsdp", "tp"))
     if plan.dp_size > 1 and plan.fsdp_size > 1:
         data = root["dp", "fsdp"]._flatten("data").get_group()  # torch has no public flatten yet (torchtitan's way)
@@ -108,17 +108,24 @@ def mp_policy(mixed_precision: str, fsdp_config: dict[str, Any]) -> Any:
 
 
 def wrap_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, fsdp_mesh: Any, mixed_precision: str,
-               fsdp_config: dict[str, Any], ignored: list[torch.nn.Parameter] | None = None) -> list[str]:
-    """``fully_shard`` each decoder layer, then the root (in place), over ``fsdp_mesh``, leaving ``ignored``
-    (expert-parallel weights) alone; returns the layer classes used."""
+               fsdp_config: dict[str, Any], experts: list[torch.nn.Module] = (), experts_mesh: Any = None,
+               data_size: int = 1) -> list[str]:
+    """``fully_shard`` each decoder layer, then the root (in place), over ``fsdp_mesh``; returns the layer
+    classes used.
+
+    Expert-parallel ``experts`` modules are sharded first, each its own unit over ``experts_mesh`` (the
+    ranks holding the same experts), with the gradient divided by the whole ``data_size``: the backward
+    all-to-all already summed every EP rank's tokens into each expert's gradient (torchtitan's way).
+    """
     from torch.distributed.fsdp import fully_shard
 
     check_configs("native_fsdp", None, fsdp_config)
     classes = decoder_layer_classes(model, hf_model)
     kwargs = {"mesh": fsdp_mesh, "mp_policy": mp_policy(mixed_precision, fsdp_config),
               "reshard_after_forward": fsdp_config.get("reshard_after_forward", True)}
-    if ignored:
-        kwargs["ignored_params"] = set(ignored)
+    for module in experts:
+        fully_shard(module, **{**kwargs, "mesh": experts_mesh})
+        module.set_gradient_divide_factor(float(data_size))
     for layer in modules_of(model, classes):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -219,7 +226,8 @@ def parallelize(backend: Any) -> None:
        construction, wraps each decoder layer's call, so it recomputes inside TP's hooks and under FSDP's;
     4. compile: not applied to transformers models by this backend;
     5. data parallelism: DDP, or ``fully_shard`` per decoder layer then the root (HSDP on a 2-D mesh;
-       over TP-sharded weights, the fsdp dimension of the same mesh; expert weights left out), or
+       over TP-sharded weights, the fsdp dimension of the same mesh; the experts over the ranks that
+       hold the same ones), or
        accelerate's FSDP2 plugin;
     6. the weights: built on meta (FSDP2 sharded loading), each rank gets storage for its shards only and
        reads its slices from the checkpoint files; ``memory_efficient_init``: rank 0's full weights reach
@@ -267,7 +275,8 @@ def parallelize(backend: Any) -> None:
                                multi_adapter=adapters > 1)
     elif plan.kind == "fsdp2":
         backend.layer_classes = wrap_fsdp2(backend.module, hf, meshes.fsdp, backend.mixed_precision,
-                                           backend.fsdp_config, ignored=backend.ep_params)
+                                           backend.fsdp_config, experts=backend.ep_modules,
+                                           experts_mesh=meshes.ep_fsdp, data_size=plan.data_size)
     elif plan.kind == "accelerate_fsdp2":
         backend.accelerator, backend.layer_classes = wrap_accelerate_fsdp2(
             backend.module, hf, backend.device, backend.mixed_precision, backend.fsdp_config)
@@ -289,8 +298,7 @@ def _expert_parallel(backend: Any, hf: torch.nn.Module, meshes: TorchMeshes) -> 
     """transformers' experts plan on the ``ep`` mesh (see ``expert_parallel.py``)."""
     from twinkle_hf.distributed import expert_parallel
 
-    backend.ep_params = expert_parallel.apply(hf, backend.ep_plan, meshes.ep, meshes.ep_tp)
-    backend.ep_replicas = meshes.ep_replicas
+    backend.ep_modules = expert_parallel.apply(hf, backend.ep_plan, meshes.ep, meshes.ep_tp)
 
 
 def _tensor_parallel(backend: Any, hf: torch.nn.Module, meshes: TorchMeshes) -> None:

@@ -87,10 +87,9 @@ class HFBackend:
         #: modules whose replicated parameters get partial gradients under TP, and the group summing them
         self.tp_partial: list[torch.nn.Module] = []
         self.tp_group: Any = None
-        #: expert parallelism: transformers' plan, the expert weights it sharded, the ranks holding the same experts
+        #: expert parallelism: transformers' plan and the experts modules it split
         self.ep_plan: dict[str, str] | None = None
-        self.ep_params: list[torch.nn.Parameter] = []
-        self.ep_replicas: Any = None
+        self.ep_modules: list[torch.nn.Module] = []
 
     # ============================================================== structure
     @property
@@ -248,11 +247,6 @@ class HFBackend:
             from twinkle_hf.distributed.tensor_parallel import sum_partial_grads
 
             sum_partial_grads(self.tp_partial, self.tp_group, {id(p) for p in self._optimizer_params(group)})
-        if self.ep_params:  # each rank's experts got the gradient of every rank's tokens (all-to-all)
-            from twinkle_hf.distributed.expert_parallel import finish_expert_grads
-
-            finish_expert_grads(self.ep_params, self.ep_replicas, self.dist_plan.data_size,
-                                {id(p) for p in self._optimizer_params(group)})
         if group.scaler is not None:
             group.scaler.unscale_(group.optimizer)
             self._agree_found_inf(group)

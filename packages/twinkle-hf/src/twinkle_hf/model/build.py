@@ -41,13 +41,21 @@ def build_backend(model_cls: Any, model_id: str | None, config: Any, device_mesh
                   mixed_precision: str, strategy: str, ddp_config: dict[str, Any] | None,
                   fsdp_config: dict[str, Any] | None, grad_scaler_config: dict[str, Any] | None,
                   memory_efficient_init: bool, strict: bool, kwargs: dict[str, Any],
-                  meta_ok: bool = True) -> HFBackend:
-    """The backend of one transformers model; ``meta_ok=False`` when it needs real weights at once (slots)."""
+                  meta_ok: bool = True, owner: str | None = None) -> HFBackend:
+    """The backend of one transformers model; ``meta_ok=False`` when it needs real weights at once (slots).
+
+    ``owner``: the class that builds it when it runs on dp/fsdp only (the multi-LoRA slots' row-routed
+    forward is not written for tensor- or expert-parallel layers), named in the refusal.
+    """
     runtime = get_runtime()
     if device_mesh is None and runtime.initialized:
         device_mesh = runtime.device_mesh
     plan = make_plan(strategy, device_mesh)
     mesh = device_mesh if device_mesh is not None else DeviceMesh.from_sizes(world_size=plan.world_size)
+    if owner is not None and (plan.tensor_parallel or plan.expert_parallel):
+        raise ValueError(f"{owner} runs on dp and fsdp only: tp_size={plan.tp_size}, ep_size={plan.ep_size} is not "
+                         f"built for its LoRA slots. Use DeviceMesh.from_sizes(fsdp_size={plan.world_size}) (FSDP2), "
+                         "or TransformersModel with add_adapter_to_model for tensor/expert parallelism.")
     check_configs("native_fsdp" if plan.kind == "fsdp2" else strategy, ddp_config, fsdp_config)
     check_process_group(plan)
     device = process_device()
