@@ -12,8 +12,9 @@ Gradients and FSDP2. Every rank's loss is scaled by the data size (FSDP2 average
 the data ranks), and the backward all-to-all brings each expert the gradient of every rank's tokens routed
 to it. Each experts module is its own FSDP2 unit over the ranks holding the same experts (the data ranks /
 ep_size: ``fully_shard`` over the ``ep_replicate`` dimension of an ``(ep_replicate, ep)`` mesh, the expert
-weights sharded across them), whose reduce-scatter sums those replicas and divides by the whole data size
-(``set_gradient_divide_factor``), torchtitan's recipe (``wrap.wrap_fsdp2``).
+weights sharded across them), whose reduce-scatter averages over those replicas; :func:`finish_expert_grads`
+divides by ``ep_size`` as well, once per optimizer step: the whole data size in all. (torchtitan sets FSDP2's
+gradient divide factor to the data size instead: a PREMUL_SUM reduce-scatter, which gloo does not run.)
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ def apply(hf_model: torch.nn.Module, plan: dict[str, str], ep_mesh: Any, tp_mesh
                            f"e.g. {sorted(plan)[:2]}); check the transformers version (>= 5.21).")
     modules = dict(hf_model.named_modules())
     return [modules[n] for n, style in plan.items() if style == "ep_dispatch_experts"]
+
+
+def finish_expert_grads(modules: list[torch.nn.Module], ep_size: int, group: set[int]) -> None:
+    """Divide the gradients of the experts modules' own weights in ``group`` by ``ep_size`` (see above)."""
+    grads = [p.grad for m in modules for p in m.parameters(recurse=False) if id(p) in group and p.grad is not None]
+    for grad in grads:
+        grad.div_(ep_size)
 
 
 def expert_bytes(model: torch.nn.Module, plan: dict[str, str]) -> int:

@@ -111,16 +111,44 @@ def apply(module: torch.nn.Module, hf_model: torch.nn.Module, plan: dict[str, st
             placed[name] = style
     partial = [modules[n] for n, s in placed.items() if s == PARTIAL_GRAD and n in modules]
     placed = {n: s for n, s in placed.items() if s != PARTIAL_GRAD}
+    aliases = _tied_aliases(hf_model)
+    placed = {n: s for n, s in placed.items() if n in modules or n not in aliases}  # sharded once, by its name
     unsupported = sorted(f"{n} ({s})" for n, s in wrapped.items() if s not in LORA_STYLES)
     if unsupported:
         raise ValueError(f"LoRA on {unsupported[:3]} cannot be tensor-parallel: adapters run on "
                          f"{', '.join(LORA_STYLES)} layers only. Leave these modules out of target_modules.")
     apply_tensor_parallelism(hf_model, tp_mesh, placed)
+    _retie(hf_model, aliases)
     for name, style in wrapped.items():
         if style in SHARDED_LORA_STYLES:
             _shard_adapters(modules[name], style, tp_mesh, name)
     check_sharded(hf_model, plan)
     return partial
+
+
+def _tied_aliases(hf_model: torch.nn.Module) -> dict[str, str]:
+    """{a tied parameter's other name: its first name} (a tied LM head: ``lm_head.weight`` -> the embedding's).
+
+    transformers' ``apply_tensor_parallelism`` finds parameters by their first name only, and sharding one
+    replaces the Parameter on its first owner; the other owners are pointed at the sharded one by
+    :func:`_retie`. The embedding (vocabulary-parallel) and the head (column-parallel) shard the weight
+    the same way, along the vocabulary.
+    """
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, param in hf_model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def _retie(hf_model: torch.nn.Module, aliases: dict[str, str]) -> None:
+    """Every other owner of a tied parameter holds the Parameter its first owner now holds (maybe sharded)."""
+    for alias, name in aliases.items():
+        owner, _, leaf = alias.rpartition(".")
+        hf_model.get_submodule(owner)._parameters[leaf] = hf_model.get_parameter(name)
 
 
 def sum_partial_grads(modules: list[torch.nn.Module], group: Any, params: set[int]) -> None:

@@ -108,14 +108,15 @@ def mp_policy(mixed_precision: str, fsdp_config: dict[str, Any]) -> Any:
 
 
 def wrap_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, fsdp_mesh: Any, mixed_precision: str,
-               fsdp_config: dict[str, Any], experts: list[torch.nn.Module] = (), experts_mesh: Any = None,
-               data_size: int = 1) -> list[str]:
+               fsdp_config: dict[str, Any], experts: list[torch.nn.Module] = (),
+               experts_mesh: Any = None) -> list[str]:
     """``fully_shard`` each decoder layer, then the root (in place), over ``fsdp_mesh``; returns the layer
     classes used.
 
     Expert-parallel ``experts`` modules are sharded first, each its own unit over ``experts_mesh`` (the
-    ranks holding the same experts), with the gradient divided by the whole ``data_size``: the backward
-    all-to-all already summed every EP rank's tokens into each expert's gradient (torchtitan's way).
+    ranks holding the same experts); their gradients are averaged over those ranks only, and
+    ``expert_parallel.finish_expert_grads`` divides them by ``ep_size`` too (torchtitan sets the divide
+    factor to the data size instead, a PREMUL_SUM reduce-scatter that gloo does not run).
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -125,7 +126,6 @@ def wrap_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, fsdp_mesh: Any
               "reshard_after_forward": fsdp_config.get("reshard_after_forward", True)}
     for module in experts:
         fully_shard(module, **{**kwargs, "mesh": experts_mesh})
-        module.set_gradient_divide_factor(float(data_size))
     for layer in modules_of(model, classes):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -276,7 +276,7 @@ def parallelize(backend: Any) -> None:
     elif plan.kind == "fsdp2":
         backend.layer_classes = wrap_fsdp2(backend.module, hf, meshes.fsdp, backend.mixed_precision,
                                            backend.fsdp_config, experts=backend.ep_modules,
-                                           experts_mesh=meshes.ep_fsdp, data_size=plan.data_size)
+                                           experts_mesh=meshes.ep_fsdp)
     elif plan.kind == "accelerate_fsdp2":
         backend.accelerator, backend.layer_classes = wrap_accelerate_fsdp2(
             backend.module, hf, backend.device, backend.mixed_precision, backend.fsdp_config)

@@ -243,6 +243,10 @@ class HFBackend:
 
     def finish_grads(self, group: OptimizerGroup) -> None:
         """Unscale (fp16) and turn summed gradients into the token-weighted mean."""
+        if self.ep_modules:  # each expert's gradient holds every EP rank's tokens, averaged over its replicas
+            from twinkle_hf.distributed.expert_parallel import finish_expert_grads
+
+            finish_expert_grads(self.ep_modules, self.dist_plan.ep_size, {id(p) for p in self._optimizer_params(group)})
         if self.tp_partial:  # per-head norms: each tensor-parallel rank holds part of the gradient
             from twinkle_hf.distributed.tensor_parallel import sum_partial_grads
 
