@@ -227,8 +227,7 @@ def parallelize(backend: Any) -> None:
     4. compile: not applied to transformers models by this backend;
     5. data parallelism: DDP, or ``fully_shard`` per decoder layer then the root (HSDP on a 2-D mesh;
        over TP-sharded weights, the fsdp dimension of the same mesh; the experts over the ranks that
-       hold the same ones), or
-       accelerate's FSDP2 plugin;
+       hold the same ones), or accelerate's FSDP2 plugin;
     6. the weights: built on meta (FSDP2 sharded loading), each rank gets storage for its shards only and
        reads its slices from the checkpoint files; ``memory_efficient_init``: rank 0's full weights reach
        the other ranks once wrapped.
