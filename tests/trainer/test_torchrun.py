@@ -92,3 +92,31 @@ def test_fsdp_size_shards_the_model_and_async_checkpoints_complete_on_every_rank
     # not vacuous: training moved the weights well past the bound (a gradient off by 2x would show)
     first = load_weights(tmp_path / "ref" / "checkpoints" / "step-00000001" / "model")
     assert max(float((want[k] - first[k]).abs().max()) for k in want) > 4 * bound
+
+
+@pytest.mark.slow
+def test_infra_tp_size_two_trains_as_one_process(tmp_path: Path) -> None:
+    """``twinkle train --infra.tp-size 2`` under two processes: the LoRA job runs tensor-parallel (both ranks read
+    the same rows) and its weights equal one process's within the bound above (the same sums, split over the two
+    ranks' shards and added in another order)."""
+    import torch
+
+    from twinkle.trainer import Trainer
+
+    steps = 2
+    job = tiny_job(tmp_path / "wd", total_step=steps, checkpoint_interval=1, **SGD_JOB)
+    proc = _torchrun(write_config(tmp_path / "job.yaml", job), "--infra.tp-size", "2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    root = tmp_path / "wd" / "checkpoints"
+    state = (root / "step-00000002" / "model" / "trainer_state.json").read_text()
+    assert '"world_size": 2' in state and '"tp"' in state
+    reference = Trainer(**tiny_job(tmp_path / "ref", total_step=steps, checkpoint_interval=1, **SGD_JOB))
+    reference.fit()
+    want = load_weights(tmp_path / "ref" / "checkpoints" / "step-00000002" / "model")
+    got = load_weights(root / "step-00000002" / "model")
+    bound = steps * SGD_JOB["optimizer"]["lr"] * RHO * SGD_JOB["optimizer"]["max_grad_norm"]
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=bound, msg=key)
+    first = load_weights(tmp_path / "ref" / "checkpoints" / "step-00000001" / "model")
+    assert max(float((want[k] - first[k]).abs().max()) for k in want) > 4 * bound

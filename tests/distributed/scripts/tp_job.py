@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hf"))
 from hf_testing import make_batch, tiny_config  # noqa: E402
 
 STEPS, ROWS, SEQ, LR = 3, 4, 12, 0.5
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+#: every style a LoRA layer takes under TP: column- and row-parallel, and the gathered LM head (replicated adapters)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
 
 
 def world() -> int:
@@ -37,12 +38,22 @@ def lora_config() -> Any:
     return LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0, init_lora_weights="gaussian")
 
 
-def build(lora: bool, family: str = "qwen2") -> Any:
+def data_rows(batch: dict[str, torch.Tensor], fsdp: int) -> dict[str, torch.Tensor]:
+    """This rank's rows: data rank ``rank // tp`` of ``fsdp`` (tp varies fastest; the DataLoader's slice)."""
+    import torch.distributed as dist
+
+    if world() == 1:
+        return batch
+    data_rank = dist.get_rank() // (world() // fsdp)
+    return {k: v[data_rank::fsdp] for k, v in batch.items()}
+
+
+def build(lora: bool, family: str = "qwen2", fsdp: int = 1, momentum: float = 0.0, lr: float = LR) -> Any:
     from twinkle import DeviceMesh
     from twinkle.model import TransformersModel
 
     n = world()
-    mesh = DeviceMesh.from_sizes(tp_size=n, world_size=n) if n > 1 else None
+    mesh = DeviceMesh.from_sizes(tp_size=n // fsdp, fsdp_size=fsdp, world_size=n) if n > 1 else None
     torch.manual_seed(0)
     model = TransformersModel(config=tiny_config(family), device_mesh=mesh, mixed_precision="no")
     adapter = None
@@ -50,7 +61,7 @@ def build(lora: bool, family: str = "qwen2") -> Any:
         adapter = "a"
         torch.manual_seed(1)
         model.add_adapter_to_model(adapter, lora_config())
-    model.set_optimizer("SGD", lr=LR, adapter_name=adapter)
+    model.set_optimizer("SGD", lr=lr, momentum=momentum, adapter_name=adapter)
     return model, adapter
 
 
@@ -64,25 +75,30 @@ def layer_bytes(model: Any) -> int:
     return total
 
 
-def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int = 1) -> dict[str, Any]:
-    """Train STEPS steps (each of ``accumulation`` micro-batches of ROWS / accumulation rows)."""
+def trainable(model: Any, adapter: str | None) -> dict[str, torch.Tensor]:
+    """The trainable parameters as full tensors, by name (a collective when sharded)."""
     from twinkle.collective import full_tensor
 
-    model, adapter = build(lora, family)
-    group = model._group(adapter)
     names = {id(p): n for n, p in model.model.named_parameters()}
-    initial = {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
+    return {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(model._group(adapter))}
+
+
+def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int = 1, fsdp: int = 1) -> dict[str, Any]:
+    """Train STEPS steps (each of ``accumulation`` micro-batches of ROWS / accumulation rows), on ``world /
+    fsdp`` tensor-parallel ranks times ``fsdp`` FSDP2 ranks (each FSDP2 rank reading its rows)."""
+    model, adapter = build(lora, family, fsdp if world() > 1 else 1)
+    initial = trainable(model, adapter)
     losses, norms = [], []
     for step in range(STEPS):
         batch = make_batch(100 + step, rows=ROWS, length=SEQ)
         chunk = ROWS // accumulation
         for i in range(accumulation):
-            micro = {k: v[i * chunk:(i + 1) * chunk] for k, v in batch.items()}
+            micro = data_rows({k: v[i * chunk:(i + 1) * chunk] for k, v in batch.items()}, fsdp)
             losses.append(float(model.forward_backward(inputs=micro, adapter_name=adapter,
                                                        gradient_accumulation_steps=accumulation)))
         model.clip_grad_and_step(max_grad_norm=1e9, adapter_name=adapter)
         norms.append(model.calculate_metric(is_training=True, adapter_name=adapter)["grad_norm"])
-    params = {names[id(p)]: full_tensor(p.detach()).clone() for p in model.backend.parameters(group)}
+    params = trainable(model, adapter)
     held_out = make_batch(999, rows=2, length=SEQ)
     logits = model.forward_only(inputs=held_out, adapter_name=adapter)["logits"].detach().clone()
     state = model.get_state_dict(adapter_name=adapter)
@@ -91,14 +107,59 @@ def run(lora: bool, out: Path | None, family: str = "qwen2", accumulation: int =
               "state_is_full": all(not hasattr(v, "to_local") for v in state.values()),
               "state_keys": sorted(state), "wrapped": model.backend.dist_plan.kind}
     if out is not None and family == "qwen2":
-        result["export"] = model.save("export_lora" if lora else "export_full", output_dir=str(out),
-                                      adapter_name=adapter)
+        name = f"export_{'lora' if lora else 'full'}{'_fsdp' if fsdp > 1 else ''}"
+        result["export"] = model.save(name, output_dir=str(out), adapter_name=adapter)
     return result
+
+
+# momentum: the optimizer state must cross the layouts too; a smaller lr keeps its 5 steps in the regime where
+# the update is a small change of the weights (at LR with momentum the LM head's adapter grows 30-fold)
+CKPT_STEPS, MOMENTUM, CKPT_LR = 2, 0.5, 0.1
+
+
+def train_steps(model: Any, adapter: str | None, steps: range, fsdp: int) -> list[float]:
+    """One micro-batch per step on this rank's rows of batch ``100 + step``; the global losses."""
+    losses = []
+    for step in steps:
+        batch = data_rows(make_batch(100 + step, rows=ROWS, length=SEQ), fsdp)
+        losses.append(float(model.forward_backward(inputs=batch, adapter_name=adapter)))
+        model.clip_grad_and_step(max_grad_norm=1e9, adapter_name=adapter)
+    return losses
+
+
+def checkpointed(lora: bool, out: Path, fsdp: int) -> dict[str, Any]:
+    """CKPT_STEPS steps, a checkpoint (DCP shards + HF export), then STEPS more: the uninterrupted run."""
+    model, adapter = build(lora, fsdp=fsdp, momentum=MOMENTUM, lr=CKPT_LR)
+    initial = trainable(model, adapter)
+    before = train_steps(model, adapter, range(CKPT_STEPS), fsdp)
+    at_save = trainable(model, adapter)
+    path = model.save(f"ckpt_{'lora' if lora else 'full'}", output_dir=str(out), adapter_name=adapter,
+                      save_optimizer=True)
+    continued = train_steps(model, adapter, range(CKPT_STEPS, CKPT_STEPS + STEPS), fsdp)
+    return {"before": before, "continued": continued, "path": path, "initial": initial, "at_save": at_save,
+            "params": trainable(model, adapter)}
+
+
+def resumed(lora: bool, out: Path, fsdp: int) -> dict[str, Any]:
+    """A fresh model on this layout resumed from :func:`checkpointed`'s checkpoint, trained the same steps."""
+    model, adapter = build(lora, fsdp=fsdp, momentum=MOMENTUM, lr=CKPT_LR)
+    model.resume_from_checkpoint(str(out / f"ckpt_{'lora' if lora else 'full'}"), adapter_name=adapter)
+    losses = train_steps(model, adapter, range(CKPT_STEPS, CKPT_STEPS + STEPS), fsdp)
+    return {"resumed": losses, "wrapped": model.backend.dist_plan.kind, "params": trainable(model, adapter)}
 
 
 SCENARIOS = {"tp_full": lambda out: run(False, out), "tp_lora": lambda out: run(True, out),
              # Qwen3's per-head q_norm/k_norm: partial gradients, summed per micro-batch
-             "tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2)}
+             "tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2),
+             # FSDP2 x TP on 4 ranks: fsdp=2 (rows split) x tp=2
+             "fsdp_tp_full": lambda out: run(False, out, fsdp=2),
+             "fsdp_tp_lora": lambda out: run(True, out, fsdp=2),
+             "fsdp_tp_qwen3_accum": lambda out: run(False, out, family="qwen3", accumulation=2, fsdp=2),
+             "fsdp_tp_ckpt_full": lambda out: checkpointed(False, out, fsdp=2),
+             "fsdp_tp_ckpt_lora": lambda out: checkpointed(True, out, fsdp=2),
+             # launched on 2 ranks after the 4-rank run, in its directory: FSDP2 alone (fsdp=2, tp=1)
+             "resume_fsdp_full": lambda out: resumed(False, out, fsdp=2),
+             "resume_fsdp_lora": lambda out: resumed(True, out, fsdp=2)}
 
 
 def main() -> None:

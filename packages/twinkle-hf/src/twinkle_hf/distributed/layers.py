@@ -22,8 +22,9 @@ def decoder_layer_classes(model: torch.nn.Module, hf_model: torch.nn.Module | No
     present = _names_present(model)
     holder = model if "_no_split_modules" in vars(model) and model is not hf_model else hf_model  # set on peft
     declared = list(getattr(holder, "_no_split_modules", None) or [])
-    # transformers copies the class attribute onto the instance; a different value is the user's choice
-    user_set = holder is not hf_model or declared != list(getattr(type(hf_model), "_no_split_modules", None) or [])
+    # transformers copies the class attribute onto the instance (as a set: its order follows the string hash
+    # seed, so it is compared as a set); a different value is the user's choice
+    user_set = holder is not hf_model or set(declared) != set(getattr(type(hf_model), "_no_split_modules", None) or [])
     if user_set and declared:
         missing = sorted(set(declared) - present)
         if missing:

@@ -24,8 +24,9 @@ KINDS = ("none", "ddp", "fsdp2", "accelerate_fsdp2", "tp")
 class DistributedPlan:
     """The wrapping of one model and the mesh it spans (``distributed``, ``sharded``, ``hsdp`` derived once).
 
-    ``sharded`` means FSDP2 (parameters sharded over the data ranks); a tensor-parallel plan shards the
-    layers' weights instead and reads the same data on all its ``tp_size`` ranks (``data_size`` replicas).
+    ``sharded`` means FSDP2 (parameters sharded over the data ranks). ``tp_size > 1`` shards the layers'
+    weights over the tensor-parallel ranks too (kind "tp" alone, "fsdp2" for FSDP2 x TP); those ranks read
+    the same data, so one step sees ``data_size`` = world / tp different batches.
     """
 
     kind: str
@@ -33,6 +34,7 @@ class DistributedPlan:
     dp_size: int = 1
     fsdp_size: int = 1
     tp_size: int = 1
+    ep_size: int = 1
     distributed: bool = field(init=False)
     sharded: bool = field(init=False)
     hsdp: bool = field(init=False)
@@ -42,6 +44,16 @@ class DistributedPlan:
         object.__setattr__(self, "distributed", self.kind != "none")
         object.__setattr__(self, "sharded", sharded)
         object.__setattr__(self, "hsdp", sharded and self.dp_size > 1 and self.fsdp_size > 1)
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether the layers' weights are split over ``tp_size`` ranks (alone or under FSDP2)."""
+        return self.tp_size > 1
+
+    @property
+    def expert_parallel(self) -> bool:
+        """Whether each MoE layer's experts are split over ``ep_size`` of the data ranks (under FSDP2)."""
+        return self.ep_size > 1
 
     @property
     def data_size(self) -> int:
@@ -65,8 +77,10 @@ def make_plan(strategy: str, mesh: DeviceMesh | None, world_size: int | None = N
     if others:
         raise ValueError(f"TransformersModel shards over dp, fsdp and tp only; the mesh has {others}. Use "
                          "MegatronModel (twinkle-megatron) for pipeline/context parallelism, or set those sizes to 1.")
+    if mesh.ep_size > 1:
+        return _ep_plan(mesh, strategy, world)
     if mesh.tp_size > 1:
-        return _tp_plan(mesh, world)
+        return _tp_plan(mesh, strategy, world)
     if world % mesh.fsdp_size:
         raise ValueError(f"fsdp_size={mesh.fsdp_size} does not divide the world size {world}; pick an fsdp_size "
                          f"that divides {world} (e.g. {world}) or launch a multiple of {mesh.fsdp_size} processes.")
@@ -87,21 +101,51 @@ def make_plan(strategy: str, mesh: DeviceMesh | None, world_size: int | None = N
     return DistributedPlan(kind, world, dp_size=mesh.dp_size, fsdp_size=mesh.fsdp_size)
 
 
-def _tp_plan(mesh: DeviceMesh, world: int) -> DistributedPlan:
-    """Tensor parallelism over the whole world; composed with dp/fsdp it is refused (not built yet)."""
-    if mesh.dp_size * mesh.fsdp_size > 1:
-        raise ValueError(f"TransformersModel runs tensor parallelism over every rank only: tp_size={mesh.tp_size} "
-                         f"with dp_size={mesh.dp_size} x fsdp_size={mesh.fsdp_size} (tp x dp/fsdp) is not supported "
-                         f"yet. Use DeviceMesh.from_sizes(tp_size={world}) on {world} processes, or fsdp_size="
-                         f"{mesh.world_size} without tp to shard over every rank.")
+def _tp_plan(mesh: DeviceMesh, strategy: str, world: int) -> DistributedPlan:
+    """Tensor parallelism over the ``tp`` ranks, alone ("tp") or under FSDP2 on the dp x fsdp ranks ("fsdp2").
+
+    FSDP2 x TP is torchtitan's 2-D layout: TP inside each ``tp`` group (adjacent ranks), ``fully_shard`` of
+    the tensor-parallel weights over the ``fsdp`` ranks (HSDP when ``dp_size > 1`` too). DDP x TP is not
+    built: FSDP2 over the same ranks does the data-parallel part.
+    """
     if mesh.sequence_parallel:
         raise ValueError("TransformersModel does not run sequence_parallel=True with tp (activations stay "
                          "replicated between the layers); set sequence_parallel=False.")
     if mesh.world_size != world:
-        raise ValueError(f"The DeviceMesh covers tp={mesh.tp_size} = {mesh.world_size} processes but {world} were "
-                         f"launched (WORLD_SIZE). Launch {mesh.tp_size} processes, or use "
-                         f"DeviceMesh.from_sizes(tp_size={world}).")
-    return DistributedPlan("tp", world, tp_size=mesh.tp_size)
+        raise ValueError(f"The DeviceMesh covers dp={mesh.dp_size} x fsdp={mesh.fsdp_size} x tp={mesh.tp_size} = "
+                         f"{mesh.world_size} processes but {world} were launched (WORLD_SIZE). Launch "
+                         f"{mesh.world_size} processes, or use DeviceMesh.from_sizes(tp_size={mesh.tp_size}, "
+                         f"fsdp_size={max(world // mesh.tp_size, 1)}).")
+    if mesh.fsdp_size == 1 and mesh.dp_size > 1:
+        raise ValueError(f"TransformersModel does not run DDP x tensor parallelism (dp_size={mesh.dp_size} x "
+                         f"tp_size={mesh.tp_size}): use fsdp_size={mesh.dp_size} instead of dp_size (FSDP2 x TP), "
+                         f"or dp_size with fsdp_size > 1 (HSDP x TP).")
+    if mesh.fsdp_size == 1:
+        return DistributedPlan("tp", world, tp_size=mesh.tp_size)
+    if strategy == "accelerate":
+        logger.info("strategy='accelerate' with fsdp=%d x tp=%d: FSDP2 x TP runs on torch's native FSDP2 "
+                    "(fully_shard over the fsdp dimension of a 2-D mesh); fsdp_config takes its keys.",
+                    mesh.fsdp_size, mesh.tp_size)
+    return DistributedPlan("fsdp2", world, dp_size=mesh.dp_size, fsdp_size=mesh.fsdp_size, tp_size=mesh.tp_size)
+
+
+def _ep_plan(mesh: DeviceMesh, strategy: str, world: int) -> DistributedPlan:
+    """Expert parallelism carved out of the FSDP2 data ranks: ``ep_size`` of them split each layer's experts."""
+    if mesh.tp_size > 1:
+        raise ValueError(f"TransformersModel does not run expert x tensor parallelism (ep_size={mesh.ep_size} x "
+                         f"tp_size={mesh.tp_size}) yet: use ep_size with fsdp_size (FSDP2 x EP) and tp_size=1, or "
+                         "tp_size with fsdp_size and ep_size=1.")
+    if mesh.fsdp_size == 1:
+        raise ValueError(f"TransformersModel runs expert parallelism under FSDP2 only: ep_size={mesh.ep_size} with "
+                         f"dp_size={mesh.dp_size} x fsdp_size=1. Use fsdp_size={mesh.dp_size} instead of dp_size.")
+    if mesh.world_size != world:
+        raise ValueError(f"The DeviceMesh covers dp={mesh.dp_size} x fsdp={mesh.fsdp_size} = {mesh.world_size} "
+                         f"processes but {world} were launched (WORLD_SIZE). Launch {mesh.world_size} processes, "
+                         f"or use DeviceMesh.from_sizes(fsdp_size={world}, ep_size={mesh.ep_size}).")
+    if strategy == "accelerate":
+        logger.info("strategy='accelerate' with ep=%d: FSDP2 x EP runs on torch's native FSDP2 (fully_shard with the "
+                    "expert weights left out); fsdp_config takes its keys.", mesh.ep_size)
+    return DistributedPlan("fsdp2", world, dp_size=mesh.dp_size, fsdp_size=mesh.fsdp_size, ep_size=mesh.ep_size)
 
 
 def check_process_group(plan: DistributedPlan) -> None:

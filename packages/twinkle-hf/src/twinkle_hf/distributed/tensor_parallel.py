@@ -15,7 +15,12 @@ column-parallel (``lora_A`` replicated; its gradient is summed over the ranks by
 layout), a row-parallel layer's ``lora_A`` is row-parallel (``lora_B`` replicated, fed by the reduced
 low-rank activation). peft's own hook runs only when the base model is already sharded when the adapter
 is added, and then draws ``lora_A`` at the local width (another init than one process's); this order
-avoids that.
+avoids that. The LM head (column-parallel with its logits gathered: replicated input, full output) keeps
+its adapters replicated, which needs no reduction at all.
+
+Under FSDP2 x TP (torchtitan's 2-D layout) the tensor-parallel weights are then ``fully_shard``-ed over
+the ``fsdp`` dimension of the same torch mesh (``wrap.parallelize``): a weight is a DTensor on the 2-D
+mesh, a replicated one a DTensor on the fsdp dimension.
 
 The loss sees full logits (the head's output is gathered), so no vocabulary-parallel cross-entropy is
 needed for correctness; it would save the gather (not built). The gradient norm mixes DTensor gradients
@@ -30,8 +35,11 @@ from typing import Any
 
 import torch
 
-#: the styles a LoRA-wrapped layer can take (peft shards adapters on these two only)
-LORA_STYLES = ("colwise", "rowwise")
+#: the styles a LoRA-wrapped layer can take: peft shards adapters on the first two; on a column-parallel
+#: layer whose output is gathered (the LM head) the input is replicated and the output full, so the adapters
+#: stay replicated: x @ A.T @ B.T is complete on every rank, and so are their gradients
+SHARDED_LORA_STYLES = ("colwise", "rowwise")
+LORA_STYLES = (*SHARDED_LORA_STYLES, "colwise_gather_output")
 #: a replicated parameter whose gradient each rank holds only part of (Qwen3's per-head q_norm/k_norm)
 PARTIAL_GRAD = "replicated_with_grad_allreduce"
 
@@ -75,17 +83,16 @@ def _check_heads(config: Any, tp_size: int, family: str) -> None:
                              "or use fsdp_size instead.")
 
 
-def torch_tp_mesh(mesh: Any, device_type: str) -> tuple[Any, Any]:
-    """(the ``tp`` sub-mesh, the data-parallel process group) from twinkle's DeviceMesh."""
-    torch_mesh = mesh.to_torch(device_type, dims=("dp", "tp"))
-    return torch_mesh["tp"], torch_mesh["dp"].get_group()
-
-
-def apply(module: torch.nn.Module, hf_model: torch.nn.Module, plan: dict[str, str], tp_mesh: Any) -> None:
+def apply(module: torch.nn.Module, hf_model: torch.nn.Module, plan: dict[str, str],
+          tp_mesh: Any) -> list[torch.nn.Module]:
     """Shard ``hf_model`` (in place) over ``tp_mesh`` with ``plan``; LoRA layers' base layers and factors too.
 
     ``module`` is what holds the adapters (a PeftModel, or ``hf_model`` itself); ``plan`` comes from
     :func:`resolve_plan`, made before the adapters were injected.
+
+    Returns:
+        The modules whose (replicated) parameters get only part of their gradient on each rank (Qwen3's
+        per-head ``q_norm``/``k_norm``): :func:`sum_partial_grads` completes them once per optimizer step.
     """
     from peft.tuners.lora import LoraLayer
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
@@ -104,32 +111,67 @@ def apply(module: torch.nn.Module, hf_model: torch.nn.Module, plan: dict[str, st
             placed[name] = style
     partial = [modules[n] for n, s in placed.items() if s == PARTIAL_GRAD and n in modules]
     placed = {n: s for n, s in placed.items() if s != PARTIAL_GRAD}
+    aliases = _tied_aliases(hf_model)
+    placed = {n: s for n, s in placed.items() if n in modules or n not in aliases}  # sharded once, by its name
     unsupported = sorted(f"{n} ({s})" for n, s in wrapped.items() if s not in LORA_STYLES)
     if unsupported:
-        raise ValueError(f"LoRA on {unsupported[:3]} cannot be tensor-parallel: peft shards adapters on "
-                         f"{' and '.join(LORA_STYLES)} layers only. Leave these modules out of target_modules.")
+        raise ValueError(f"LoRA on {unsupported[:3]} cannot be tensor-parallel: adapters run on "
+                         f"{', '.join(LORA_STYLES)} layers only. Leave these modules out of target_modules.")
     apply_tensor_parallelism(hf_model, tp_mesh, placed)
-    for module in partial:
-        for param in module.parameters(recurse=False):
-            param.register_hook(_summed_over(tp_mesh.get_group()))
+    _retie(hf_model, aliases)
     for name, style in wrapped.items():
-        _shard_adapters(modules[name], style, tp_mesh, name)
+        if style in SHARDED_LORA_STYLES:
+            _shard_adapters(modules[name], style, tp_mesh, name)
     check_sharded(hf_model, plan)
+    return partial
 
 
-def _summed_over(group: Any) -> Any:
-    """A gradient hook summing each backward's gradient over ``group`` before it is accumulated.
+def _tied_aliases(hf_model: torch.nn.Module) -> dict[str, str]:
+    """{a tied parameter's other name: its first name} (a tied LM head: ``lm_head.weight`` -> the embedding's).
 
-    transformers' own style for these parameters all-reduces ``param.grad`` after accumulation, which
-    sums the earlier micro-batches' (already complete) gradients again under gradient accumulation; a
-    tensor hook reduces only what this backward adds.
+    transformers' ``apply_tensor_parallelism`` finds parameters by their first name only, and sharding one
+    replaces the Parameter on its first owner; the other owners are pointed at the sharded one by
+    :func:`_retie`. The embedding (vocabulary-parallel) and the head (column-parallel) shard the weight
+    the same way, along the vocabulary.
     """
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, param in hf_model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def _retie(hf_model: torch.nn.Module, aliases: dict[str, str]) -> None:
+    """Every other owner of a tied parameter holds the Parameter its first owner now holds (maybe sharded)."""
+    for alias, name in aliases.items():
+        owner, _, leaf = alias.rpartition(".")
+        hf_model.get_submodule(owner)._parameters[leaf] = hf_model.get_parameter(name)
+
+
+def sum_partial_grads(modules: list[torch.nn.Module], group: Any, params: set[int]) -> None:
+    """Sum, over the tensor-parallel ``group``, the gradients of ``modules``' own parameters in ``params``.
+
+    Called once per optimizer step, on the accumulated gradient (the sum of the micro-batches' partial
+    sums: the reduction is linear). transformers' own style for these parameters all-reduces
+    ``param.grad`` after every backward, which sums the earlier micro-batches again under gradient
+    accumulation; a tensor hook on the parameter would not survive FSDP2, which replaces the parameters.
+    Under FSDP2 x TP each gradient is this rank's FSDP shard, and the ranks of one tensor-parallel group
+    hold the same shard: their local tensors are summed.
+    """
+    from torch.distributed.tensor import DTensor
+
     from twinkle import collective
 
-    def hook(grad: torch.Tensor) -> torch.Tensor:
-        return collective.all_reduce(grad, group=group)  # a new tensor, reduced on the communication device
-
-    return hook
+    for module in modules:
+        for param in module.parameters(recurse=False):
+            if id(param) not in params or param.grad is None:
+                continue
+            grad = param.grad
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            local.copy_(collective.all_reduce(local, group=group))  # reduced on the communication device
 
 
 def _shard_adapters(layer: Any, style: str, tp_mesh: Any, name: str) -> None:

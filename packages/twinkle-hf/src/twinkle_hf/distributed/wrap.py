@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,13 +58,43 @@ def _is_adapter_param(name: str) -> bool:
     return any(tag in name for tag in (".lora_", ".modules_to_save.", ".lora_embedding_"))
 
 
-def torch_mesh(plan: DistributedPlan, mesh: DeviceMesh, device_type: str) -> Any:
-    """A torch DeviceMesh: ('dp', 'fsdp') for HSDP, ('fsdp',) otherwise."""
+@dataclass(frozen=True)
+class TorchMeshes:
+    """The torch meshes of one plan, all sliced from one root mesh (FSDP2 over TP needs a common parent)."""
+
+    fsdp: Any  # what fully_shard spans: ('dp', 'fsdp') for HSDP, ('fsdp',) otherwise; None without FSDP2
+    tp: Any  # the tensor-parallel dimension, None without TP
+    data_group: Any  # the ranks that read different batches (None: the world)
+    ep: Any = None  # the expert-parallel dimension, None without EP
+    ep_tp: Any = None  # transformers' "ranks sharing one batch" for its EP styles: size 1 (no TP with EP)
+    ep_fsdp: Any = None  # the ranks holding the same experts (data ranks / ep): FSDP2 shards the experts there
+
+
+def torch_meshes(plan: DistributedPlan, mesh: DeviceMesh, device_type: str) -> TorchMeshes:
+    """The torch meshes of ``plan``: for FSDP2 alone the ('fsdp',) or HSDP's ('dp', 'fsdp') mesh; with TP the
+    dimensions of one ('dp', 'fsdp', 'tp') mesh laid out as twinkle's (tp the fastest)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if plan.hsdp:
-        return init_device_mesh(device_type, (plan.dp_size, plan.fsdp_size), mesh_dim_names=("dp", "fsdp"))
-    return init_device_mesh(device_type, (plan.world_size,), mesh_dim_names=("fsdp",))
+    if not plan.tensor_parallel:
+        if plan.hsdp:
+            fsdp = init_device_mesh(device_type, (plan.dp_size, plan.fsdp_size), mesh_dim_names=("dp", "fsdp"))
+        else:
+            fsdp = init_device_mesh(device_type, (plan.world_size,), mesh_dim_names=("fsdp",))
+        if not plan.expert_parallel:
+            return TorchMeshes(fsdp, None, None)
+        # the data ranks as (replicas, ep): each run of ep_size adjacent ranks holds all the experts once
+        experts = init_device_mesh(device_type, (plan.data_size // plan.ep_size, plan.ep_size, 1),
+                                   mesh_dim_names=("ep_replicate", "ep", "ep_tp"))
+        return TorchMeshes(fsdp, None, None, experts["ep"], experts["ep_tp"], experts["ep_replicate"])
+    root = mesh.to_torch(device_type, dims=("dp", "fsdp", "tp"))
+    if plan.dp_size > 1 and plan.fsdp_size > 1:
+        data = root["dp", "fsdp"]._flatten("data").get_group()  # torch has no public flatten yet (torchtitan's way)
+    else:
+        data = root["dp" if plan.dp_size > 1 else "fsdp"].get_group()
+    fsdp = None
+    if plan.sharded:
+        fsdp = root["dp", "fsdp"] if plan.hsdp else root["fsdp"]
+    return TorchMeshes(fsdp, root["tp"], data)
 
 
 def mp_policy(mixed_precision: str, fsdp_config: dict[str, Any]) -> Any:
@@ -76,15 +107,25 @@ def mp_policy(mixed_precision: str, fsdp_config: dict[str, Any]) -> Any:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=fsdp_config.get("reduce_dtype", torch.float32))
 
 
-def wrap_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, plan: DistributedPlan, mesh: DeviceMesh,
-               device: torch.device, mixed_precision: str, fsdp_config: dict[str, Any]) -> list[str]:
-    """``fully_shard`` each decoder layer, then the root (in place); returns the layer classes used."""
+def wrap_fsdp2(model: torch.nn.Module, hf_model: torch.nn.Module, fsdp_mesh: Any, mixed_precision: str,
+               fsdp_config: dict[str, Any], experts: list[torch.nn.Module] = (),
+               experts_mesh: Any = None) -> list[str]:
+    """``fully_shard`` each decoder layer, then the root (in place), over ``fsdp_mesh``; returns the layer
+    classes used.
+
+    Expert-parallel ``experts`` modules are sharded first, each its own unit over ``experts_mesh`` (the
+    ranks holding the same experts); their gradients are averaged over those ranks only, and
+    ``expert_parallel.finish_expert_grads`` divides them by ``ep_size`` too (torchtitan sets the divide
+    factor to the data size instead, a PREMUL_SUM reduce-scatter that gloo does not run).
+    """
     from torch.distributed.fsdp import fully_shard
 
     check_configs("native_fsdp", None, fsdp_config)
     classes = decoder_layer_classes(model, hf_model)
-    kwargs = {"mesh": torch_mesh(plan, mesh, device.type), "mp_policy": mp_policy(mixed_precision, fsdp_config),
+    kwargs = {"mesh": fsdp_mesh, "mp_policy": mp_policy(mixed_precision, fsdp_config),
               "reshard_after_forward": fsdp_config.get("reshard_after_forward", True)}
+    for module in experts:
+        fully_shard(module, **{**kwargs, "mesh": experts_mesh})
     for layer in modules_of(model, classes):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -173,15 +214,28 @@ def check_sharded(model: torch.nn.Module, strategy: str) -> None:
 
 
 def parallelize(backend: Any) -> None:
-    """Wrap ``backend.module`` for its plan, once, in torchtitan's visible order.
+    """Wrap ``backend.module`` for its plan, once, in torchtitan's order, read top to bottom.
 
     Called by ``set_optimizer`` (or ``model.parallelize()``) after every adapter exists: peft must
-    inject LoRA layers before DDP/FSDP2 see the parameters. Built on meta (FSDP2 sharded loading):
-    shard -> storage for this rank's shards only -> its slices read from the checkpoint files.
-    ``memory_efficient_init``: rank 0's full weights reach the other ranks once wrapped. A VL model
-    under FSDP2 gets its vision lockstep (``vision_lockstep.py``); under DDP, a trained vision tower
-    makes DDP look for unused parameters (text-only micro-batches leave it without a gradient).
+    inject LoRA layers before TP/DDP/FSDP2 see the parameters. The steps:
+
+    1. tensor parallelism (transformers' plan on the ``tp`` mesh; adapters sharded the peft way);
+    2. expert parallelism (transformers' ``ep_plan`` on the ``ep`` mesh: whole experts per rank, tokens
+       exchanged all-to-all; ``expert_parallel.py``);
+    3. activation checkpointing: already in place -- the ``GradientCheckpointing`` patch, applied at
+       construction, wraps each decoder layer's call, so it recomputes inside TP's hooks and under FSDP's;
+    4. compile: not applied to transformers models by this backend;
+    5. data parallelism: DDP, or ``fully_shard`` per decoder layer then the root (HSDP on a 2-D mesh;
+       over TP-sharded weights, the fsdp dimension of the same mesh; the experts over the ranks that
+       hold the same ones), or accelerate's FSDP2 plugin;
+    6. the weights: built on meta (FSDP2 sharded loading), each rank gets storage for its shards only and
+       reads its slices from the checkpoint files; ``memory_efficient_init``: rank 0's full weights reach
+       the other ranks once wrapped.
+
+    A VL model under FSDP2 gets its vision lockstep (``vision_lockstep.py``); under DDP, a trained vision
+    tower makes DDP look for unused parameters (text-only micro-batches leave it without a gradient).
     """
+    from twinkle import collective
     from twinkle.log import get_logger
     from twinkle_hf.model.vision import is_multimodal, needs_unused_search
     from twinkle_hf.model.vision_lockstep import VisionLockstep
@@ -190,9 +244,6 @@ def parallelize(backend: Any) -> None:
     if not plan.distributed:
         return
     hf = backend.hf_model()
-    if plan.kind == "tp":
-        _parallelize_tp(backend, hf)
-        return
     full_state = kept = None
     if backend.memory_efficient_pending:
         from twinkle_hf.distributed import meminit
@@ -202,6 +253,18 @@ def parallelize(backend: Any) -> None:
         from twinkle_hf.distributed import shard_load
 
         kept = shard_load.real_tensors(backend.module)
+    meshes = torch_meshes(plan, backend.device_mesh, backend.device.type) if plan.kind in ("fsdp2", "tp") else None
+    # losses, token counts and metrics are summed over the ranks reading different batches: with TP the
+    # dp x fsdp ranks only (a tensor-parallel group shares its batch), otherwise the world
+    collective.set_data_group(meshes.data_group if meshes is not None else None)
+    # 1. tensor parallelism
+    if plan.tensor_parallel:
+        _tensor_parallel(backend, hf, meshes)
+    # 2. expert parallelism
+    if plan.expert_parallel:
+        _expert_parallel(backend, hf, meshes)
+    # 3. activation checkpointing and 4. compile: see the docstring
+    # 5. data parallelism
     if plan.kind == "ddp":
         if needs_unused_search(hf):
             backend.ddp_config.setdefault("find_unused_parameters", True)
@@ -210,11 +273,13 @@ def parallelize(backend: Any) -> None:
         backend.ddp = wrap_ddp(module, backend.run_unwrapped, backend.device, backend.ddp_config,
                                multi_adapter=adapters > 1)
     elif plan.kind == "fsdp2":
-        backend.layer_classes = wrap_fsdp2(backend.module, hf, plan, backend.device_mesh, backend.device,
-                                           backend.mixed_precision, backend.fsdp_config)
-    else:
+        backend.layer_classes = wrap_fsdp2(backend.module, hf, meshes.fsdp, backend.mixed_precision,
+                                           backend.fsdp_config, experts=backend.ep_modules,
+                                           experts_mesh=meshes.ep_fsdp)
+    elif plan.kind == "accelerate_fsdp2":
         backend.accelerator, backend.layer_classes = wrap_accelerate_fsdp2(
             backend.module, hf, backend.device, backend.mixed_precision, backend.fsdp_config)
+    # 6. the weights
     if kept is not None:  # storage for this rank's shards only, then its slices from the files
         shard_load.materialize(backend.module, backend.device, kept)
         shard_load.fill_from_checkpoint(backend.module, backend.weights_dir, skip=set(kept))
@@ -224,16 +289,21 @@ def parallelize(backend: Any) -> None:
         backend.memory_efficient_pending = False
     if plan.sharded and is_multimodal(hf.config):
         backend.vision = VisionLockstep(backend)
-    get_logger("twinkle_hf").info("wrapped for %s (world %d, layers %s)", plan.kind, plan.world_size,
-                                  backend.layer_classes)
+    get_logger("twinkle_hf").info("wrapped for %s (world %d, tp %d, ep %d, layers %s)", plan.kind,
+                                  plan.world_size, plan.tp_size, plan.ep_size, backend.layer_classes)
 
 
-def _parallelize_tp(backend: Any, hf: torch.nn.Module) -> None:
-    """Tensor parallelism: transformers' plan on the ``tp`` mesh; the data group becomes the dp ranks."""
-    from twinkle import collective
+def _expert_parallel(backend: Any, hf: torch.nn.Module, meshes: TorchMeshes) -> None:
+    """transformers' experts plan on the ``ep`` mesh (see ``expert_parallel.py``)."""
+    from twinkle_hf.distributed import expert_parallel
+
+    backend.ep_modules = expert_parallel.apply(hf, backend.ep_plan, meshes.ep, meshes.ep_tp)
+
+
+def _tensor_parallel(backend: Any, hf: torch.nn.Module, meshes: TorchMeshes) -> None:
+    """transformers' plan on the ``tp`` mesh (see ``tensor_parallel.py``)."""
     from twinkle_hf.distributed import tensor_parallel
 
-    tp_mesh, data_group = tensor_parallel.torch_tp_mesh(backend.device_mesh, backend.device.type)
-    tensor_parallel.apply(backend.module, hf, backend.tp_plan, tp_mesh)
-    collective.set_data_group(data_group)  # losses, token counts and metrics: not summed over the tp ranks
+    backend.tp_partial = tensor_parallel.apply(backend.module, hf, backend.tp_plan, meshes.tp)
+    backend.tp_group = meshes.tp.get_group()
     backend.layer_classes = []

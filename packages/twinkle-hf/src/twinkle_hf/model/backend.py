@@ -86,6 +86,12 @@ class HFBackend:
         self.tp_plan: dict[str, str] | None = None
         #: sequence parallelism: each cp rank's part of every row (set by ``build_backend`` when cp_size > 1)
         self.sequence_parallel: Any = None
+        #: modules whose replicated parameters get partial gradients under TP, and the group summing them
+        self.tp_partial: list[torch.nn.Module] = []
+        self.tp_group: Any = None
+        #: expert parallelism: transformers' plan and the experts modules it split
+        self.ep_plan: dict[str, str] | None = None
+        self.ep_modules: list[torch.nn.Module] = []
 
     # ============================================================== structure
     @property
@@ -241,15 +247,27 @@ class HFBackend:
 
     def finish_grads(self, group: OptimizerGroup) -> None:
         """Unscale (fp16) and turn summed gradients into the token-weighted mean."""
+        if self.ep_modules:  # each expert's gradient holds every EP rank's tokens, averaged over its replicas
+            from twinkle_hf.distributed.expert_parallel import finish_expert_grads
+
+            finish_expert_grads(self.ep_modules, self.dist_plan.ep_size, {id(p) for p in self._optimizer_params(group)})
+        if self.tp_partial:  # per-head norms: each tensor-parallel rank holds part of the gradient
+            from twinkle_hf.distributed.tensor_parallel import sum_partial_grads
+
+            sum_partial_grads(self.tp_partial, self.tp_group, {id(p) for p in self._optimizer_params(group)})
         if group.scaler is not None:
             group.scaler.unscale_(group.optimizer)
             self._agree_found_inf(group)
         factor = group.grad_rescale()
         if factor is not None:
             grads = [p.grad for p in self._optimizer_params(group) if p.grad is not None]
-            # tensor parallelism mixes DTensor and plain gradients, which one foreach call refuses
-            for kind in {type(g) for g in grads}:
-                torch._foreach_mul_([g for g in grads if type(g) is kind], factor)
+            # tensor/expert parallelism mixes plain gradients and DTensors of several meshes (FSDP2 x TP: the
+            # fsdp dimension and the 2-D mesh), which one foreach call refuses
+            kinds: dict[Any, list[torch.Tensor]] = {}
+            for grad in grads:
+                kinds.setdefault((type(grad), getattr(grad, "device_mesh", None)), []).append(grad)
+            for same in kinds.values():
+                torch._foreach_mul_(same, factor)
 
     def _agree_found_inf(self, group: OptimizerGroup) -> None:
         """fp16: every rank's scaler sees an inf/NaN that any rank's gradient shard holds.
@@ -266,7 +284,8 @@ class HFBackend:
 
     def clip(self, group: OptimizerGroup, max_norm: float, norm_type: float) -> float:
         params = [p for p in self._optimizer_params(group) if p.grad is not None]
-        if self.dist_plan.kind == "tp":  # DTensor shards and replicated plain gradients in one norm
+        # TP/EP: DTensor gradients of several meshes and plain ones in one norm (torch's refuses the mix)
+        if self.dist_plan.tensor_parallel or self.dist_plan.expert_parallel:
             from twinkle_hf.distributed.tensor_parallel import clip_grad_norm
 
             return clip_grad_norm(params, max_norm, norm_type)

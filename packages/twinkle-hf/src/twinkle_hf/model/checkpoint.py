@@ -112,7 +112,7 @@ class HFCheckpointState:
         backend = self.backend
         self._require_materialized("get_state_dict")
         state = backend.adapters.state_dict(group) if group.is_adapter else backend.hf_model().state_dict()
-        if backend.dist_plan.sharded or backend.dist_plan.kind == "tp":  # full tensors, gathered (every rank)
+        if backend.dist_plan.sharded or backend.dist_plan.tensor_parallel:  # full tensors, gathered (every rank)
             return dist_ckpt.gathered_state(state)
         return state
 

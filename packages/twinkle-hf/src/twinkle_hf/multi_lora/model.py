@@ -61,7 +61,7 @@ class MultiLoraTransformersModel(MultiTenantFacade):
             check_int(value, option)
         backend = build_backend(model_cls, model_id, config, device_mesh, mixed_precision, strategy, ddp_config,
                                 fsdp_config, grad_scaler_config, memory_efficient_init, strict_load, kwargs,
-                                meta_ok=False)
+                                meta_ok=False, owner=type(self).__name__)
         # a tenant leaves the other slots (and its untargeted layers) unused in every forward
         backend.ddp_config.setdefault("find_unused_parameters", True)
         slot_config = LoraConfig(r=max_r, lora_alpha=max_r, lora_dropout=0.0, target_modules=target_modules)
