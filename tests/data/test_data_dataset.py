@@ -7,7 +7,7 @@ import json
 import datasets
 import pytest
 
-from twinkle.dataset import DataError, Dataset, DatasetMeta
+from twinkle.dataset import DataError, Dataset, DatasetMeta, IterableDataset
 from twinkle.errors import ComponentNotFoundError
 from twinkle.preprocessor import AlpacaProcessor, MessagesProcessor, SelfCognitionProcessor
 from twinkle.template import Template
@@ -156,3 +156,15 @@ def test_upstream_attribute_names():
     ds = Dataset(a).add_dataset(DatasetMeta(data=[{"x": 10}]))
     assert ds.dataset is ds.hf_dataset and len(ds.dataset) == 4
     assert [len(part) for part in ds.datasets.values()] == [3, 1]
+
+
+def test_data_from_a_function_and_upstream_ids():
+    def rows():
+        yield from ({"x": i} for i in range(3))
+
+    meta = DatasetMeta(data=rows)
+    assert [r["x"] for r in Dataset(meta)] == [0, 1, 2]
+    assert [r["x"] for r in IterableDataset(meta)] == [0, 1, 2]  # called again for the stream
+    assert DatasetMeta("org/name", subset_name="s1").get_id() == "org_name:s1:train"
+    with pytest.raises(DataError, match="a function returning them, got int"):
+        DatasetMeta(data=3)
