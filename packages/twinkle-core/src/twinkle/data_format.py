@@ -15,9 +15,12 @@ Importing this module imports no torch.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from twinkle.types import InputFeature, ModelOutput
+
+if TYPE_CHECKING:
+    from twinkle.loss.base import LossOutput
 
 __all__ = ["FunctionCall", "InputFeature", "LossOutput", "Message", "ModelOutput", "Tool", "ToolCall", "Trajectory",
            "pack_value", "user_data_get"]

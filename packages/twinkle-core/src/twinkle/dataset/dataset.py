@@ -29,8 +29,9 @@ class Dataset:
 
     ``Dataset(DatasetMeta('twinkle://self-cognition', data_slice=range(100)))`` loads one source;
     :meth:`add_dataset` adds more, :meth:`mix_dataset` says how they combine (concatenated until
-    it is called; ``mix_dataset()`` interleaves, as upstream Twinkle's). :meth:`map`, :meth:`filter` and :meth:`encode` act on every source, or on the one
-    named by ``dataset_meta=``. ``load_kwargs`` go to ``datasets.load_dataset``.
+    it is called; ``mix_dataset()`` interleaves, as upstream Twinkle's). :meth:`map`, :meth:`filter` and
+    :meth:`encode` act on every source, or on the one named by ``dataset_meta=``. ``load_kwargs`` go to
+    ``datasets.load_dataset``.
     """
 
     def __init__(self, dataset_meta: DatasetMeta | str | None = None, **load_kwargs: Any) -> None:

@@ -17,8 +17,9 @@ class DatasetMeta:
 
     ``dataset_id``: ``ms://org/name``, ``hf://org/name``, ``twinkle://self-cognition``, or a local file
     (json, jsonl, csv, tsv, parquet, txt, arrow) or directory. ``data``: in-memory rows instead, a list
-    of dicts or a dict of columns, or a function returning them (or yielding rows), called on each load. ``subset_name``/``split`` pick a hub or directory configuration.
-    ``data_slice``: any iterable of row indices (``range(1000)``); an index past the end is an error.
+    of dicts or a dict of columns, or a function returning them (or yielding rows), called on each load.
+    ``subset_name``/``split`` pick a hub or directory configuration. ``data_slice``: any iterable of row indices
+    (``range(1000)``); an index past the end is an error.
     """
 
     dataset_id: str | os.PathLike[str] | None = None

@@ -24,11 +24,12 @@ class CrossEntropyLoss(Loss):
     token by 1 / n or 1 / sqrt(n) of its row's n trained tokens (rows of a padded batch); the mean is then
     over those weights, so accumulation stays exact.
 
-    Flat ``(tokens,)`` labels with ``(tokens, vocab)`` logits are already aligned (``logits[i]`` scores
-    ``labels[i]``): upstream Twinkle's pre-shifted form. Outputs that carry ``logps`` instead of ``logits`` are averaged the same way; like every per-token
-    field of label rows they are aligned with the tokens: ``logps[:, t]`` is the log-probability of
-    ``labels[:, t]`` (which ``logits[:, t - 1]`` predicted). ``dft=True`` weighs each token's
-    ``-log p`` by its probability ``p`` taken as a constant (Wu et al. 2025, "dynamic fine-tuning").
+    Flat ``(tokens,)`` labels with ``(tokens, vocab)`` logits are already aligned (``logits[i]``
+    scores ``labels[i]``): upstream Twinkle's pre-shifted form. Outputs that carry ``logps`` instead
+    of ``logits`` are averaged the same way; like every per-token field of label rows they are
+    aligned with the tokens: ``logps[:, t]`` is the log-probability of ``labels[:, t]`` (which
+    ``logits[:, t - 1]`` predicted). ``dft=True`` weighs each token's ``-log p`` by its probability
+    ``p`` taken as a constant (Wu et al. 2025, "dynamic fine-tuning").
 
     Args:
         reduction: ``'mean'`` over trained tokens or their ``'sum'``.
