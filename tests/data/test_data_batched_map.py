@@ -25,12 +25,11 @@ def test_batched_function_with_batched_true_maps_every_row_and_keeps_other_colum
     assert [r["label"] for r in ds] == [0, 1, 2, 3]
 
 
-def test_batched_function_without_the_flag_is_refused_naming_it():
-    """Called per row it would turn 'Hello world' into 11 message lists; the probe refuses instead."""
-    ds = Dataset(DatasetMeta(data=ROWS))
-    with pytest.raises(DataError, match=r"map\(to_messages\) is ambiguous.*batched=True"):
-        ds.map(to_messages)
-    assert ds.column_names == ["text", "label"]  # unchanged
+def test_batched_function_without_the_flag_is_read_as_batched():
+    """Called per row it would turn 'Hello world' into 11 message lists; the probe reads it batched
+    (upstream Twinkle's convention for plain functions), not per row."""
+    ds = Dataset(DatasetMeta(data=ROWS)).map(to_messages)
+    assert [r["messages"] for r in ds] == expected_messages()
 
 
 def test_per_row_functions_still_work_without_the_flag():
@@ -50,8 +49,7 @@ def test_a_function_that_only_works_on_batches_is_detected():
 
     ds = Dataset(DatasetMeta(data=ROWS)).map(lengths)
     assert [r["n"] for r in ds] == [len(r["text"]) for r in ROWS]
-    with pytest.raises(DataError, match="ambiguous"):
-        Dataset(DatasetMeta(data=ROWS)).map(upper)
+    assert [r["text"] for r in Dataset(DatasetMeta(data=ROWS)).map(upper)] == [r["text"].upper() for r in ROWS]
 
 
 def test_batched_split_and_drop_change_the_row_count():

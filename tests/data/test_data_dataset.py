@@ -7,7 +7,7 @@ import json
 import datasets
 import pytest
 
-from twinkle.dataset import DataError, Dataset, DatasetMeta
+from twinkle.dataset import DataError, Dataset, DatasetMeta, IterableDataset
 from twinkle.errors import ComponentNotFoundError
 from twinkle.preprocessor import AlpacaProcessor, MessagesProcessor, SelfCognitionProcessor
 from twinkle.template import Template
@@ -110,12 +110,19 @@ def test_mixing_concatenate_and_interleave_match_datasets():
     b = DatasetMeta(data=[{"conversations": [{"from": "human", "value": f"b{i}"}, {"from": "gpt", "value": "y"}]}
                           for i in range(4)])
     ds = Dataset(a).add_dataset(b)
-    with pytest.raises(DataError, match="Cannot combine sources with different columns"):
-        len(ds)
+    # raw sources combine over the union of their columns, a column a source lacks read as None
+    raw = datasets.concatenate_datasets([Dataset(a).hf_dataset, Dataset(b).hf_dataset])
+    assert list(ds) == list(raw) and ds[0]["conversations"] is None and ds[6]["instruction"] is None
+    with pytest.raises(DataError, match="not 'messages'"):  # but encoding still needs every source mapped
+        ds.set_template("Template", model_id="twinkle://tiny-qwen", max_length=64)
+        ds.encode()
+    ds.template = None
     ds.map(AlpacaProcessor(), dataset_meta=a).map(MessagesProcessor(), dataset_meta=b)
     firsts = [r["messages"][0]["content"] for r in ds]
     assert firsts == [f"a{i}" for i in range(6)] + [f"b{i}" for i in range(4)]
 
+    ds.mix_dataset()  # upstream Twinkle's default: round robin until the shorter source runs out
+    assert [r["messages"][0]["content"] for r in ds] == ["a0", "b0", "a1", "b1", "a2", "b2", "a3", "b3"]
     ds.mix_dataset(interleave=True, weights=[3, 1], seed=7)
     parts = [Dataset(a).map(AlpacaProcessor()).hf_dataset, Dataset(b).map(MessagesProcessor()).hf_dataset]
     expected = datasets.interleave_datasets(parts, probabilities=[0.75, 0.25], seed=7)
@@ -142,3 +149,22 @@ def test_encode_with_two_processes_equals_one(embedded_template, multi_turn):
     double.set_template(embedded_template)
     assert list(single.encode()) == list(double.encode(num_proc=2, batch_size=8))
     assert list(single) == [embedded_template.encode(r) for r in rows]
+
+
+def test_upstream_attribute_names():
+    a = DatasetMeta(data=[{"x": i} for i in range(3)])
+    ds = Dataset(a).add_dataset(DatasetMeta(data=[{"x": 10}]))
+    assert ds.dataset is ds.hf_dataset and len(ds.dataset) == 4
+    assert [len(part) for part in ds.datasets.values()] == [3, 1]
+
+
+def test_data_from_a_function_and_upstream_ids():
+    def rows():
+        yield from ({"x": i} for i in range(3))
+
+    meta = DatasetMeta(data=rows)
+    assert [r["x"] for r in Dataset(meta)] == [0, 1, 2]
+    assert [r["x"] for r in IterableDataset(meta)] == [0, 1, 2]  # called again for the stream
+    assert DatasetMeta("org/name", subset_name="s1").get_id() == "org_name:s1:train"
+    with pytest.raises(DataError, match="a function returning them, got int"):
+        DatasetMeta(data=3)

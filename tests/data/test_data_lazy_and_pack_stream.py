@@ -68,7 +68,7 @@ def test_lazy_per_source_maps(corpus):
     lazy = LazyDataset(a).add_dataset(b)
     lazy.map(lambda r: {"y": r["x"] * 2}, dataset_meta=a, batched=False)
     lazy.map(lambda r: {"y": -r["x"]}, dataset_meta=b, batched=False)
-    lazy.mix_dataset()
+    lazy.mix_dataset(interleave=False)
     assert list(lazy) == [{"x": 1, "y": 2}, {"x": 2, "y": 4}, {"x": 10, "y": -10}]
 
 

@@ -15,7 +15,7 @@ def _msgs(*pairs):
 
 
 def test_self_cognition_fills_names_by_tag():
-    proc = SelfCognitionProcessor(("小星", "Twinkle"), ("魔搭", "ModelScope"))
+    proc = SelfCognitionProcessor(("小星", "Twinkle"), ("魔搭", "ModelScope"), system=None)
     zh = proc({"query": "你是谁？", "response": "我是{{NAME}}，来自{{AUTHOR}}。", "tag": "zh"})
     en = proc({"query": "who are you?", "response": "I am {{NAME}} by {{AUTHOR}}.", "tag": "en"})
     untagged = proc({"query": "{{NAME}}是谁开发的？", "response": "{{AUTHOR}}"})
@@ -23,8 +23,14 @@ def test_self_cognition_fills_names_by_tag():
     assert en["messages"][1]["content"] == "I am Twinkle by ModelScope."
     assert untagged["messages"] == _msgs(("user", "小星是谁开发的？"), ("assistant", "魔搭"))
     same = SelfCognitionProcessor("twinkle大模型", "ModelScope社区")
-    assert same({"query": "hi", "response": "{{NAME}}/{{AUTHOR}}", "tag": "en"})["messages"][1]["content"] == (
-        "twinkle大模型/ModelScope社区")
+    row = same({"query": "hi", "response": "{{NAME}}/{{AUTHOR}}", "tag": "en"})
+    # upstream Twinkle's default: each conversation starts with its system turn
+    assert row["messages"] == _msgs(("system", "You are a helpful assistant."), ("user", "hi"),
+                                    ("assistant", "twinkle大模型/ModelScope社区"))
+    assert SelfCognitionProcessor(system="Be brief.")({"query": "q", "response": "r"})["messages"][0] == _msgs(
+        ("system", "Be brief."))[0]
+    with pytest.raises(TypeError, match="system must be a string or None, got 3"):
+        SelfCognitionProcessor(system=3)
 
 
 def test_alpaca_and_messages_formats():
@@ -115,3 +121,36 @@ def test_plain_function_map_and_filter_update_rows():
     with pytest.raises(DataError, match=r"filter\(<lambda>\) failed on row 1: KeyError"):
         ds.filter(lambda row: row["n"] == 1 or row["missing"])
     assert len(ds) == 2
+
+
+def test_competition_math_sft_and_grpo_rows():
+    rows = [{"problem": "1+1?", "solution": "\\boxed{2}"}, {"problem": "2+2?", "solution": "\\boxed{4}"}]
+    sft = Dataset(DatasetMeta(data=rows)).map("CompetitionMathProcessor")
+    assert sft[1]["messages"] == _msgs(("user", "2+2?"), ("assistant", "\\boxed{4}"))
+    grpo = Dataset(DatasetMeta(data=rows)).map("CompetitionMathGRPOProcessor")
+    first = grpo[0]
+    assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant"]
+    assert "\\boxed{...}" in first["messages"][0]["content"] and first["messages"][2]["content"] == ""
+    assert first["user_data"] == [["solution", "\\boxed{2}"]]
+
+
+def test_a_batched_call_override_maps_each_row():
+    """A subclass written in upstream Twinkle's form (``__call__`` over columns) is applied row by row."""
+
+    class Shout(AlpacaProcessor):
+        def __call__(self, rows):
+            rows = [self.preprocess(row) for row in self.map_col_to_row(rows)]
+            for row in rows:
+                row["messages"][-1]["content"] = row["messages"][-1]["content"].upper()
+            return self.map_row_to_col(rows)
+
+    ds = Dataset(DatasetMeta(data=[{"instruction": "i", "output": "o"}, {"instruction": "j", "output": "p"}]))
+    ds.map(Shout())
+    assert [r["messages"][1]["content"] for r in ds] == ["O", "P"]
+
+    class Twice(AlpacaProcessor):
+        def __call__(self, rows):
+            return self.map_row_to_col([self.preprocess(r) for r in self.map_col_to_row(rows)] * 2)
+
+    with pytest.raises(DataError, match="returned 2 rows for one"):
+        Dataset(DatasetMeta(data=[{"instruction": "i", "output": "o"}])).map(Twice())

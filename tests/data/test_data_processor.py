@@ -30,6 +30,38 @@ def test_right_and_left_padding():
     assert all(t.dtype == torch.long for t in right.values())
 
 
+def test_collate_fn_splits_into_micro_batches():
+    """upstream Twinkle's collate_fn: a list of micro-batches, of one shared width unless variable."""
+    proc = InputProcessor(pad_token_id=1)
+    rows = ROWS + [{"input_ids": [14], "labels": [14]}]
+    whole = proc(rows)
+    fixed = proc.collate_fn(rows, micro_batch_size=2)
+    assert len(fixed) == 2
+    for i, mb in enumerate(fixed):  # the same rows as the whole batch, padded to its width
+        assert all(torch.equal(mb[k], whole[k][2 * i:2 * i + 2]) for k in whole)
+    variable = proc.collate_fn(rows, micro_batch_size=3, variable_seq_lengths=True)
+    assert [mb["input_ids"].shape for mb in variable] == [(3, 4), (1, 1)]
+    assert torch.equal(proc.collate_fn(rows)[0]["input_ids"], whole["input_ids"])
+    packed = InputProcessor(padding_free=True).collate_fn(rows, micro_batch_size=2)
+    assert [mb["input_ids"].tolist() for mb in packed] == [[[5, 6, 7, 8, 9]], [[10, 11, 12, 13, 14]]]
+    with pytest.raises(ValueError, match="micro_batch_size must be a positive int or None, got 0"):
+        proc.collate_fn(rows, micro_batch_size=0)
+
+
+def test_completion_mask_and_ready_made_vision_tensors_are_kept():
+    rows = [{"input_ids": [1, 2, 3], "completion_mask": [0, 1, 1], "pixel_values": torch.ones(4, 6),
+             "image_grid_thw": torch.tensor([[1, 2, 2]])},
+            {"input_ids": [4, 5], "completion_mask": [0, 1], "pixel_values": torch.zeros(8, 6),
+             "image_grid_thw": torch.tensor([[1, 2, 4]])}]
+    batch = InputProcessor()(rows)
+    assert batch["completion_mask"].tolist() == [[0, 1, 1], [0, 1, 0]]
+    assert batch["completion_mask"].dtype == torch.long
+    assert torch.equal(batch["pixel_values"], torch.cat([torch.ones(4, 6), torch.zeros(8, 6)]))
+    assert batch["image_grid_thw"].tolist() == [[1, 2, 2], [1, 2, 4]]
+    packed = InputProcessor(padding_free=True)(rows)
+    assert packed["completion_mask"].tolist() == [[0, 1, 1, 0, 1]]
+
+
 def test_packing_restarts_positions_and_masks_sequence_starts():
     packed = InputProcessor(padding_free=True)(ROWS)
     assert set(packed) == {"input_ids", "labels", "position_ids"}

@@ -321,3 +321,22 @@ def test_gkd_on_the_teachers_top_k_tokens_renormalises_both_there():
     torch.testing.assert_close(api, expected, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="give both teacher_topk_logprobs= and teacher_topk_indices="):
         GKDLoss()(inputs, {"logits": student}, teacher_topk_logprobs=logprobs)
+
+
+def test_flat_labels_are_read_as_aligned():
+    """Flat (tokens,) labels with (tokens, vocab) logits have no sequence axis: logits[i] scores labels[i]."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 11, generator=gen)
+    labels = torch.tensor([1, 4, -100, 7, 0, 10])
+    out = CrossEntropyLoss()({"labels": labels}, {"logits": logits})
+    # the same operation on the same values: exact
+    assert torch.equal(out["loss"], F.cross_entropy(logits, labels, ignore_index=-100))
+    # other summation orders of the same float32 terms: the log-sum-exp over the vocabulary and the 5-token mean
+    rel = chain_bound(11, 5)
+    chunked = ChunkedCrossEntropyLoss(chunk_size=4)({"labels": labels}, {"logits": logits})["loss"]
+    torch.testing.assert_close(chunked, out["loss"], rtol=rel, atol=0)
+    logps = F.log_softmax(logits, dim=-1).gather(-1, labels.clamp(min=0)[:, None])[:, 0]
+    torch.testing.assert_close(CrossEntropyLoss()({"labels": labels}, {"logps": logps})["loss"], out["loss"],
+                               rtol=rel, atol=0)
+    shifted = F.cross_entropy(logits[:-1], labels[1:], ignore_index=-100)  # what a shift would have scored
+    assert abs(float(shifted - out["loss"])) > 100 * rel * float(out["loss"])

@@ -137,3 +137,11 @@ def test_embedding_metric_cosines_of_query_positive_and_negatives():
     assert out["pos_sim"] == pytest.approx(float(sum(pos) / 2), rel=0, abs=room)
     assert out["neg_sim"] == pytest.approx(float(sum(neg) / 2), rel=0, abs=room) and out["loss"] == 2.0
     assert EmbeddingMetric().calculate() == {}
+
+
+def test_accuracy_of_flat_labels_is_aligned():
+    logits = torch.zeros(4, 6)
+    logits[torch.arange(4), torch.tensor([1, 2, 5, 4])] = 1.0  # predictions 1, 2, 5, 4
+    metric = Accuracy()
+    metric.update({"labels": torch.tensor([1, 2, 3, -100])}, {"logits": logits})
+    assert metric.compute() == {"accuracy": 2 / 3}  # rows 0, 1 right, row 2 wrong, row 3 ignored

@@ -91,12 +91,16 @@ def test_seed003_in_ray_mode_evaluates_and_writes_its_best_checkpoint(tmp_path: 
     script = tmp_path / "seed003.py"
     script.write_text(sorted(SEEDS.glob("003_*.txt"))[0].read_text(encoding="utf-8").split("\n", 1)[1],
                       encoding="utf-8")
+    # without TWINKLE_TORCH_BASELINE: the script's _no_split_modules and kernelize(model) act in the actors
+    env = cli_env(RAY_AUTH_MODE="disabled")
+    env.pop("TWINKLE_TORCH_BASELINE", None)
     proc = subprocess.run([sys.executable, str(script), "--mode", "ray", "--train-samples", "8", "--eval-samples", "4",
                            "--batch-size", "4", "--eval-interval", "1"], cwd=tmp_path,
-                          env=cli_env(RAY_AUTH_MODE="disabled", TWINKLE_TORCH_BASELINE="1"), capture_output=True,
+                          env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stderr.count("Eval metric") == 2  # at steps 1 and 2
+    assert "kernelize[cpu]" in proc.stderr + proc.stdout  # kernelize ran (in the actor, which logs it)
     best = tmp_path / "output" / "checkpoint-1"  # the first evaluation is always the best so far
     assert (best / "adapter_model.safetensors").is_file(), sorted(p.name for p in (tmp_path / "output").iterdir())
     assert json.loads((best / "trainer_state.json").read_text())["cur_step"] == 1

@@ -87,6 +87,8 @@ def register_preprocessors():
         "SelfCognitionProcessor": "twinkle.preprocessor.self_cognition:SelfCognitionProcessor",
         "AlpacaProcessor": "twinkle.preprocessor.alpaca:AlpacaProcessor",
         "MessagesProcessor": "twinkle.preprocessor.conversation:MessagesProcessor",
+        "CompetitionMathProcessor": "twinkle.preprocessor.competition_math:CompetitionMathProcessor",
+        "CompetitionMathGRPOProcessor": "twinkle.preprocessor.competition_math:CompetitionMathGRPOProcessor",
     }
 
 

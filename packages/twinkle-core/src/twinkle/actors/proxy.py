@@ -14,8 +14,9 @@ from twinkle.mesh import DeviceGroup, DeviceMesh
 
 DEFAULT_SPEC = RemoteFunctionSpec()
 SHARE = 0.01
-#: Attributes a proxy reads live from rank 0 (a :class:`LiveView`) instead of copying them once.
-LIVE_ATTRIBUTES = ("optimizer_group",)
+#: Attributes a proxy reads live from rank 0 (a :class:`LiveView`) instead of copying them once; setting an
+#: attribute through the view sets it on every rank (``model.model._no_split_modules = [...]``).
+LIVE_ATTRIBUTES = ("optimizer_group", "model")
 
 
 class RemoteActorError(TwinkleError, RuntimeError):
@@ -108,6 +109,23 @@ class RemoteGroupProxy:
             raise TwinkleError(f"The {self._cls.__name__} actors of group {self._group.name!r} were stopped.")
         return self._gather([self._actors[0].read.remote(path, keys)], "read")[0]
 
+    def _write(self, path: tuple[tuple[str, Any], ...], name: str, value: Any) -> None:
+        """Set ``name`` on the object at ``path`` of every rank's instance, for :class:`LiveView`."""
+        if self._closed:
+            raise TwinkleError(f"The {self._cls.__name__} actors of group {self._group.name!r} were stopped.")
+        self._gather([a.write.remote(path, name, value) for a in self._actors], f"setting {name}")
+
+    def run_on_ranks(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(instance, *args, **kwargs)`` on every rank's instance (in the actors); returns rank 0's result.
+
+        How a function that changes a model in place reaches the actors: ``kernelize(model)`` on a
+        proxy runs this way. ``fn`` and its arguments are pickled to the actors.
+        """
+        if self._closed:
+            raise TwinkleError(f"The {self._cls.__name__} actors of group {self._group.name!r} were stopped.")
+        name = getattr(fn, "__name__", "function")
+        return self._gather([a.apply.remote(fn, args, kwargs) for a in self._actors], name)[0]
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
@@ -151,14 +169,20 @@ class LiveView:
     """A live view of an attribute of rank 0's instance: every read asks the actor, so it is never stale.
 
     ``proxy.optimizer_group['default'].cur_step`` is the step the model is at now, as it is for a
-    local model. Indexing gives another view; an attribute read returns its current value (a copy).
+    local model. Indexing gives another view; an attribute read returns its current value (a copy);
+    setting an attribute sets it on every rank (``proxy.model._no_split_modules = [...]``).
     """
 
     def __init__(self, proxy: RemoteGroupProxy, path: tuple[tuple[str, Any], ...]) -> None:
-        self._proxy, self._path = proxy, path
+        object.__setattr__(self, "_proxy", proxy)
+        object.__setattr__(self, "_path", path)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set the attribute on every rank's object (``model.model._no_split_modules = [...]`` in ray mode)."""
+        self._proxy._write(self._path, name, value)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
+        if name.startswith("__"):  # Python's protocols (copy, pickle) ask the view, not the actor
             raise AttributeError(name)
         return self._proxy._read((*self._path, (".", name)))
 

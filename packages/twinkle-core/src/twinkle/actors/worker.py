@@ -59,6 +59,14 @@ class RankWorker:
             value = getattr(value, key) if kind == "." else value[key]
         return list(value) if keys else value
 
+    def write(self, path: tuple[tuple[str, Any], ...], name: str, value: Any) -> None:
+        """Set attribute ``name`` of the object at ``path`` of the instance to ``value``."""
+        setattr(self.read(path), name, value)
+
+    def apply(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """``fn(instance, *args, **kwargs)`` on this rank's instance."""
+        return fn(self.instance, *args, **kwargs)
+
     def close(self) -> None:
         import torch.distributed as dist
 

@@ -3,8 +3,8 @@
 A batched function (``datasets``' and upstream Twinkle's convention) gets ``{'col': [v0, v1, ...]}``
 and returns ``{'col': [...]}``; it may return fewer rows (drop) or more (split) than it got. Called
 on a single row it silently produces garbage (iterating a string gives one row per character), so
-``map`` either knows (``batched=True``/``False``) or probes the function on a few rows and refuses
-when the two readings disagree.
+``map`` either knows (``batched=True``/``False``) or probes the function on a few rows; when the two
+readings disagree it is read as batched (upstream Twinkle maps every plain function batched).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def looks_batched(fn: Any, rows: Sequence[Mapping[str, Any]]) -> bool:
     per-row function's own lists, such as a conversation's messages, do not grow with the batch).
     Then it is called on the first row alone: if that fails it is batched; if it agrees with the
     batch's first row the function works either way and is used per row; otherwise both readings
-    "work" with different results, which is how a batched function fed one row looks: refused.
+    "work" with different results, which is how a batched function fed one row looks: batched
+    (upstream Twinkle's convention for every plain function). Pass ``batched=False`` to say otherwise.
     """
     if not rows:
         return False
@@ -64,15 +65,7 @@ def looks_batched(fn: Any, rows: Sequence[Mapping[str, Any]]) -> bool:
     except Exception:
         return True
     first = {k: v[0] for k, v in outs[0].items()}
-    if isinstance(row_out, Mapping) and dict(row_out) == first:
-        return False
-    name = function_name(fn)
-    raise DataError(
-        f"map({name}) is ambiguous: it returns one value per row for a batch of rows "
-        f"({preview(outs[0])}), and something else for one row ({preview(row_out)}). That is how a batched "
-        f"function (dict of columns in, dict of columns out) looks when called per row. Pass batched=True if {name} "
-        f"takes a dict of columns, or batched=False if it takes one row."
-    )
+    return not (isinstance(row_out, Mapping) and dict(row_out) == first)
 
 
 class BatchCall:

@@ -29,9 +29,10 @@ class Dataset:
     """Rows for training. See docs/data.md for the whole data path.
 
     ``Dataset(DatasetMeta('twinkle://self-cognition', data_slice=range(100)))`` loads one source;
-    :meth:`add_dataset` adds more, :meth:`mix_dataset` says how they combine (concatenated by
-    default). :meth:`map`, :meth:`filter` and :meth:`encode` act on every source, or on the one
-    named by ``dataset_meta=``. ``load_kwargs`` go to ``datasets.load_dataset``.
+    :meth:`add_dataset` adds more, :meth:`mix_dataset` says how they combine (concatenated until
+    it is called; ``mix_dataset()`` interleaves, as upstream Twinkle's). :meth:`map`, :meth:`filter` and
+    :meth:`encode` act on every source, or on the one named by ``dataset_meta=``. ``load_kwargs`` go to
+    ``datasets.load_dataset``.
     """
 
     def __init__(self, dataset_meta: DatasetMeta | str | None = None, **load_kwargs: Any) -> None:
@@ -60,16 +61,29 @@ class Dataset:
 
     def mix_dataset(
         self,
-        interleave: bool = False,
+        interleave: bool = True,
         weights: Sequence[float] | None = None,
         seed: int = 42,
         stopping_strategy: str = "first_exhausted",
     ) -> Dataset:
-        """Combine the sources: concatenated in order, or interleaved (``weights`` = sampling probabilities).
+        """Combine the sources: interleaved (``weights`` = sampling probabilities), or concatenated in order.
 
         Interleaving follows ``datasets.interleave_datasets``: ``stopping_strategy='first_exhausted'``
         stops when one source runs out, ``'all_exhausted'`` oversamples until all have been seen.
+        Without a call the sources are concatenated (upstream Twinkle reads only the first then).
+
+        Args:
+            interleave: ``True`` (upstream Twinkle's default): round robin, or drawn with ``weights``;
+                ``False``: every row of each source in turn.
+            weights: one sampling weight per source (interleaving only).
+            seed: seeds the weighted draws.
+            stopping_strategy: ``'first_exhausted'`` or ``'all_exhausted'``.
         """
+        streamed = [m.describe() for k, m in self._metas.items() if not hasattr(self._parts[k], "__len__")]
+        if streamed:
+            raise DataError(f"All datasets must be all streaming or all map-style: {', '.join(streamed)} was loaded "
+                            "with streaming=True. A Dataset holds whole tables; stream every source with "
+                            "twinkle.dataset.IterableDataset instead.")
         if weights is not None:
             weights = [float(w) for w in weights]
             if len(weights) != len(self._parts):
@@ -105,9 +119,9 @@ class Dataset:
                    for n, (meta, p) in enumerate(zip(self._metas.values(), parts))}
         hint = ("Map each source to the standard format first (dataset.map(processor, dataset_meta=meta)) and encode "
                 "them the same way.")
-        if len({tuple(c) for c in columns.values()}) > 1:
-            raise DataError(f"Cannot combine sources with different columns: {columns}. {hint}")
-        if self._mix["interleave"] and GROUP_COLUMN in parts[0].column_names:
+        # sources with different columns combine over the union (a column a source lacks reads None), as
+        # datasets and upstream Twinkle combine them; encode() still requires 'messages' of every source
+        if self._mix["interleave"] and any(GROUP_COLUMN in part.column_names for part in parts):
             raise DataError(f"Cannot interleave sources whose rows carry {GROUP_COLUMN!r} (preference pairs, groups): "
                             "interleaving row by row would separate a group's rows. Concatenate them "
                             "(mix_dataset(interleave=False)), or interleave an IterableDataset, which mixes the raw "
@@ -308,6 +322,16 @@ class Dataset:
     @property
     def column_names(self) -> list[str]:
         return self.hf_dataset.column_names
+
+    @property
+    def dataset(self) -> datasets.Dataset:
+        """The combined rows (upstream Twinkle's name for :attr:`hf_dataset`)."""
+        return self.hf_dataset
+
+    @property
+    def datasets(self) -> dict[str, datasets.Dataset]:
+        """Each source's rows as it is now (mapped, encoded), by the source's id (a copy of the mapping)."""
+        return dict(self._parts)
 
     def __repr__(self) -> str:
         sources = ", ".join(m.describe() for m in self._metas.values()) or "no source"

@@ -71,9 +71,10 @@ class IterableDataset:
         self._lengths = None
         return self
 
-    def mix_dataset(self, interleave: bool = False, weights: Sequence[float] | None = None, seed: int = 42,
+    def mix_dataset(self, interleave: bool = True, weights: Sequence[float] | None = None, seed: int = 42,
                     stopping_strategy: StoppingStrategy = "first_exhausted") -> IterableDataset:
-        """Concatenate the sources (default) or interleave them: round robin, or drawn with ``weights``.
+        """Interleave the sources (the default, as upstream Twinkle's): round robin, or drawn with ``weights``;
+        ``interleave=False`` concatenates them (as without a call).
 
         The draws are seeded by ``seed`` (the same every epoch); ``stopping_strategy`` is that of
         ``datasets.interleave_datasets``.
@@ -93,6 +94,16 @@ class IterableDataset:
         self._mix = {"interleave": bool(interleave), "weights": weights, "seed": seed,
                      "stopping_strategy": stopping_strategy}
         return self
+
+    @property
+    def dataset(self) -> IterableDataset:
+        """The combined stream (upstream Twinkle's name): this dataset itself; ``len()`` of it raises."""
+        return self
+
+    @property
+    def datasets(self) -> dict[str, DatasetMeta]:
+        """The sources, by id (their :class:`DatasetMeta`: a stream holds no table to give)."""
+        return dict(self._metas)
 
     # ---------------------------------------------------------- transforms
     def map(self, preprocessor: Any, dataset_meta: DatasetMeta | None = None, *,

@@ -30,7 +30,7 @@ FILE_BUILDERS: dict[str, tuple[str, dict[str, Any]]] = {
 def load_source(meta: DatasetMeta, **load_kwargs: Any) -> datasets.Dataset:
     """The rows of ``meta`` as a ``datasets.Dataset``; ``load_kwargs`` go to ``datasets.load_dataset``."""
     if meta.data is not None:
-        dataset = _from_memory(meta.data)
+        dataset = _from_memory(meta.rows())
     else:
         path = resolve_path(meta.dataset_id, repo_type="dataset")
         dataset = _from_file(path, **load_kwargs) if os.path.isfile(path) else _from_dir(path, meta, **load_kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,15 +17,16 @@ class DatasetMeta:
 
     ``dataset_id``: ``ms://org/name``, ``hf://org/name``, ``twinkle://self-cognition``, or a local file
     (json, jsonl, csv, tsv, parquet, txt, arrow) or directory. ``data``: in-memory rows instead, a list
-    of dicts or a dict of columns. ``subset_name``/``split`` pick a hub or directory configuration.
-    ``data_slice``: any iterable of row indices (``range(1000)``); an index past the end is an error.
+    of dicts or a dict of columns, or a function returning them (or yielding rows), called on each load.
+    ``subset_name``/``split`` pick a hub or directory configuration. ``data_slice``: any iterable of row indices
+    (``range(1000)``); an index past the end is an error.
     """
 
     dataset_id: str | os.PathLike[str] | None = None
     subset_name: str = "default"
     split: str = "train"
     data_slice: Iterable[int] | None = None
-    data: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]] | None = None
+    data: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]] | Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         if (self.dataset_id is None) == (self.data is None):
@@ -36,9 +37,11 @@ class DatasetMeta:
             )
         if self.dataset_id is not None and not isinstance(self.dataset_id, (str, os.PathLike)):
             raise DataError(f"DatasetMeta.dataset_id must be a string or path, got {type(self.dataset_id).__name__}.")
-        if self.data is not None and (isinstance(self.data, str) or not isinstance(self.data, (Sequence, Mapping))):
+        if self.data is not None and not callable(self.data) and (
+                isinstance(self.data, str) or not isinstance(self.data, (Sequence, Mapping))):
             raise DataError(
-                f"DatasetMeta.data must be a list of row dicts or a dict of columns, got {type(self.data).__name__}."
+                "DatasetMeta.data must be a list of row dicts, a dict of columns or a function returning them, got "
+                f"{type(self.data).__name__}."
             )
         if self.data_slice is not None:
             if isinstance(self.data_slice, (str, bytes, Mapping)) or not isinstance(self.data_slice, Iterable):
@@ -49,9 +52,23 @@ class DatasetMeta:
             if not isinstance(self.data_slice, (range, list, tuple)):
                 self.data_slice = list(self.data_slice)  # a generator would be used up by the first load
 
+    def rows(self) -> Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]]:
+        """The in-memory rows (a function's result, its yielded rows as a list); a DataError if none."""
+        if self.data is None:
+            raise DataError(f"{self.describe()} is not an in-memory source.")
+        if not callable(self.data):
+            return self.data
+        out = self.data()
+        return out if isinstance(out, (Sequence, Mapping)) and not isinstance(out, str) else list(out)
+
     def get_id(self) -> str:
-        """A key naming this source among the sources of one Dataset (two slices of one source differ)."""
-        source = f"<in-memory rows @{id(self.data):x}>" if self.data is not None else os.fspath(self.dataset_id)
+        """A key naming this source among the sources of one Dataset (two slices of one source differ).
+
+        ``'/'`` reads ``'_'`` (upstream Twinkle's spelling: ``'org/name:default:train'`` is
+        ``'org_name:default:train'``).
+        """
+        source = (f"<in-memory rows @{id(self.data):x}>" if self.data is not None
+                  else os.fspath(self.dataset_id).replace("/", "_"))
         key = f"{source}:{self.subset_name}:{self.split}"
         if self.data_slice is not None:
             digest = hashlib.sha1(repr(list(self.data_slice)).encode()).hexdigest()[:12]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from twinkle.dataset.errors import DataError
@@ -76,7 +76,7 @@ def iter_source(meta: DatasetMeta, start: int = 0, **load_kwargs: Any) -> Iterat
     if end is not None and begin >= end:
         return iter(())
     if meta.data is not None:
-        rows = meta.data
+        rows = meta.rows()
         if not isinstance(rows, list):
             rows = [dict(zip(rows, values)) for values in zip(*rows.values())] if hasattr(rows, "values") \
                 else list(rows)
@@ -92,7 +92,8 @@ def count_rows(meta: DatasetMeta, **load_kwargs: Any) -> int:
     """Rows of a source (after ``data_slice``): from metadata for parquet/arrow/lance, by parsing text files."""
     first, end = slice_bounds(meta)
     if meta.data is not None:
-        total = len(meta.data) if isinstance(meta.data, list) else len(next(iter(meta.data.values()), []))
+        rows = meta.rows()
+        total = len(rows) if not isinstance(rows, Mapping) else len(next(iter(rows.values()), []))
     elif is_repo_source(meta):
         total = count_repo(meta, **load_kwargs)
     else:

@@ -43,7 +43,7 @@ class PreprocessBatch:
         for row, index in zip(to_rows(batch), indices):
             reason = None
             try:
-                result = self.preprocessor(row)
+                result = self._one(row)
             except Exception as exc:
                 message = str(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
                 if self.strict:
@@ -62,6 +62,18 @@ class PreprocessBatch:
                 out[c].append(result.get(c) if result is not None else None)
             out[DROP_COLUMN].append(reason)
         return out
+
+
+    def _one(self, row: dict[str, Any]) -> Any:
+        proc = self.preprocessor
+        if not getattr(proc, "overrides_call", lambda: False)():
+            return proc(row)
+        # upstream Twinkle's batched __call__: a one-row batch in, a batch of at most one row out
+        out = proc.map_col_to_row(proc({k: [v] for k, v in row.items()}))
+        if len(out) > 1:
+            raise DataError(f"{self.name}.__call__ returned {len(out)} rows for one; a preprocessor maps a row to "
+                            "one row (or none). Use a plain batched function with Dataset.map for that.")
+        return out[0] if out else None
 
 
 def _check_columns(result: Mapping[str, Any], columns: list[str], name: str, index: int) -> None:

@@ -210,9 +210,13 @@ def kernelize(model: M, config: ConfigLike | None = None, *, device: str | None 
     kernelized (default :data:`DEFAULT_KERNEL_CONFIG`: every installed plugin's choices).
     ``device``: whose chains to use (default: the device of the model's parameters).
     A no-op when ``TWINKLE_TORCH_BASELINE=1``. Kernelizing again first undoes the previous call.
+    A model built in ray mode (a proxy of its actors) is kernelized in every actor.
     """
     if torch_baseline():
         logger.info("kernelize: %s=1, the model keeps its torch implementation (no-op).", BASELINE_ENV)
+        return model
+    if callable(getattr(type(model), "run_on_ranks", None)):  # ray mode: the modules live in the actors
+        model.run_on_ranks(_kernelize_in_place, config, device)
         return model
     root = _module_of(model)
     if root in _PLANS:
@@ -239,6 +243,11 @@ def kernelize(model: M, config: ConfigLike | None = None, *, device: str | None 
         logger.info("kernelize[%s]: nothing replaced; no kernel from the installed providers (%s) applies on %s, "
                     "so the model is unchanged.", device, ", ".join(providers) or "none", device)
     return model
+
+
+def _kernelize_in_place(model: Any, config: ConfigLike | None, device: str | None) -> None:
+    """:func:`kernelize` in an actor; returns nothing (the model itself does not travel back)."""
+    kernelize(model, config, device=device)
 
 
 def unkernelize(model: M) -> M:

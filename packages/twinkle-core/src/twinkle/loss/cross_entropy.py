@@ -24,10 +24,12 @@ class CrossEntropyLoss(Loss):
     token by 1 / n or 1 / sqrt(n) of its row's n trained tokens (rows of a padded batch); the mean is then
     over those weights, so accumulation stays exact.
 
-    Outputs that carry ``logps`` instead of ``logits`` are averaged the same way; like every per-token
-    field of label rows they are aligned with the tokens: ``logps[:, t]`` is the log-probability of
-    ``labels[:, t]`` (which ``logits[:, t - 1]`` predicted). ``dft=True`` weighs each token's
-    ``-log p`` by its probability ``p`` taken as a constant (Wu et al. 2025, "dynamic fine-tuning").
+    Flat ``(tokens,)`` labels with ``(tokens, vocab)`` logits are already aligned (``logits[i]``
+    scores ``labels[i]``): upstream Twinkle's pre-shifted form. Outputs that carry ``logps`` instead
+    of ``logits`` are averaged the same way; like every per-token field of label rows they are
+    aligned with the tokens: ``logps[:, t]`` is the log-probability of ``labels[:, t]`` (which
+    ``logits[:, t - 1]`` predicted). ``dft=True`` weighs each token's ``-log p`` by its probability
+    ``p`` taken as a constant (Wu et al. 2025, "dynamic fine-tuning").
 
     Args:
         reduction: ``'mean'`` over trained tokens or their ``'sum'``.
@@ -74,7 +76,13 @@ class CrossEntropyLoss(Loss):
         return self.shifted(torch.as_tensor(inputs["labels"]).to(device))
 
     def shifted(self, labels: torch.Tensor) -> torch.Tensor:
-        """``labels`` moved one position left (position t's target is ``labels[t + 1]``), the last ignored."""
+        """``labels`` moved one position left (position t's target is ``labels[t + 1]``), the last ignored.
+
+        Flat labels ``(tokens,)`` (with logits ``(tokens, vocab)``) have no sequence axis to shift along:
+        they are read as already aligned (``logits[i]`` scores ``labels[i]``), upstream Twinkle's form.
+        """
+        if labels.dim() == 1:
+            return labels
         return F.pad(labels, (0, 1), value=self.ignore_index)[..., 1:]
 
     def token_losses(self, flat_logits: torch.Tensor, flat_targets: torch.Tensor) -> torch.Tensor:

@@ -128,6 +128,8 @@ def _logits(outputs: Any) -> Any:
 class TokenAccuracy(Metric):
     """Share of trained tokens whose arg-max prediction equals the label.
 
+    Labels ``(rows, tokens)`` are twinkle's (``logits[:, t]`` predicts ``labels[:, t + 1]``); flat labels
+    ``(tokens,)`` with ``(tokens, vocab)`` logits are already aligned, upstream Twinkle's pre-shifted form.
     Batches without logits or labels (an embedding forward, say) are skipped. Outputs with a
     ``token_matches(inputs, ignore_index)`` method give the counts themselves (Megatron's
     vocabulary-parallel logits: no rank holds the whole vocabulary's arg-max).
@@ -155,8 +157,11 @@ class TokenAccuracy(Metric):
         if shifted is not None:  # already aligned with the logits (sequence parallelism)
             labels, predictions = shifted.to(logits.device), logits.detach().argmax(dim=-1)
         else:
-            labels = labels.to(logits.device)[..., 1:]
-            predictions = logits.detach().argmax(dim=-1)[..., :-1]
+            labels = labels.to(logits.device)
+            predictions = logits.detach().argmax(dim=-1)
+            if labels.dim() > 1:  # (rows, tokens): logits[:, t] predicts labels[:, t + 1]
+                labels, predictions = labels[..., 1:], predictions[..., :-1]
+            # flat (tokens,) labels with (tokens, vocab) logits are already aligned (upstream Twinkle's form)
         mask = labels != self.ignore_index
         self.update_counts(((predictions == labels) & mask).sum(), mask.sum())
 

@@ -34,6 +34,33 @@ class Preprocessor(ABC):
     def __call__(self, row: Mapping[str, Any]) -> dict[str, Any] | None:
         return self.preprocess(row)
 
+    @classmethod
+    def overrides_call(cls) -> bool:
+        """Whether a subclass redefines ``__call__`` in upstream Twinkle's batched form (columns in, columns out).
+
+        ``Dataset.map`` then hands it each row as a one-row batch and reads the one row back.
+        """
+        return cls.__call__ is not Preprocessor.__call__
+
+    @staticmethod
+    def map_col_to_row(rows: Mapping[str, list[Any]] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A batch of columns (``{'a': [1, 2]}``) as a list of rows (``[{'a': 1}, {'a': 2}]``); rows as they are."""
+        if isinstance(rows, list):
+            return rows
+        columns = list(rows)
+        n = len(rows[columns[0]]) if columns else 0
+        return [{c: rows[c][i] for c in columns} for i in range(n)]
+
+    @staticmethod
+    def map_row_to_col(rows: list[Mapping[str, Any]] | dict[str, list[Any]],
+                       keys: list[str] | None = None) -> dict[str, list[Any]]:
+        """A list of rows as a batch of columns (``keys``, else the first row's); columns as they are."""
+        if isinstance(rows, dict):
+            return rows
+        if not rows:
+            return {k: [] for k in keys or ()}
+        return {k: [row[k] for row in rows] for k in (keys or list(rows[0]))}
+
     @abstractmethod
     def preprocess(self, row: Mapping[str, Any]) -> dict[str, Any] | None:
         """The standard-format conversation for ``row``, or None to drop it."""

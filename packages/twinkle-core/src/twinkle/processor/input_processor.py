@@ -15,8 +15,12 @@ media collator (``InputProcessor.for_template(vl_template)``); families that can
 ``padding_free`` with the reason.
 
 Per-token fields of RL rows (:data:`TOKEN_FIELDS`: ``target_tokens``, ``weights``, sampling
-``logprobs``, ``advantages``, ``ref_logprobs``, one value per input token) are padded with 0 or
-concatenated the same way, so rollouts batch like SFT rows.
+``logprobs``, ``advantages``, ``ref_logprobs``, ``completion_mask``, one value per input token) are
+padded with 0 or concatenated the same way, so rollouts batch like SFT rows. Rows that already carry
+their vision tensors (``pixel_values``, ``image_grid_thw``, and the video pair) have them
+concatenated along the first dimension.
+
+:meth:`InputProcessor.collate_fn` is upstream Twinkle's form: a list of micro-batches.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from twinkle.multimodal.media import has_media
 
 PADDING_SIDES = ("right", "left")
 #: per-token fields carried along input_ids (padding value 0); the others are floats
-TOKEN_FIELDS = ("target_tokens", "weights", "logprobs", "advantages", "ref_logprobs")
-_INT_FIELDS = ("target_tokens",)
+TOKEN_FIELDS = ("target_tokens", "weights", "logprobs", "advantages", "ref_logprobs", "completion_mask")
+_INT_FIELDS = ("target_tokens", "completion_mask")
+#: vision inputs a row may already carry (from a model's own processor): concatenated, not padded
+VISION_TENSORS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
 
 class InputProcessor:
@@ -71,13 +77,42 @@ class InputProcessor:
         return cls(pad_token_id=template.pad_token_id, **kwargs)
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        return self._collate(rows)
+
+    def collate_fn(self, rows: Sequence[Mapping[str, Any]], micro_batch_size: int | None = None,
+                   variable_seq_lengths: bool = False) -> list[dict[str, Any]]:
+        """The rows as a list of collated micro-batches (upstream Twinkle's form).
+
+        Args:
+            rows: encoded rows (lists, numpy arrays or tensors).
+            micro_batch_size: rows per micro-batch; ``None``: one batch of every row.
+            variable_seq_lengths: each micro-batch padded to its own longest row; ``False``: every
+                micro-batch padded to the longest row of all (packed micro-batches are always their own
+                length).
+
+        Returns:
+            The micro-batches in row order (the last one holds the remainder).
+        """
+        if micro_batch_size is None:
+            return [self._collate(rows)]
+        if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be a positive int or None, got {micro_batch_size!r}.")
+        seqs = self._check(rows)
+        width = None if variable_seq_lengths or self.padding_free else max(len(ids) for ids, _ in seqs)
+        return [self._collate(rows[i:i + micro_batch_size], width) for i in range(0, len(rows), micro_batch_size)]
+
+    def _collate(self, rows: Sequence[Mapping[str, Any]], width: int | None = None) -> dict[str, Any]:
         seqs = self._check(rows)
         positions = self._positions(rows, seqs)
+        width = max([len(ids) for ids, _ in seqs] + [width or 0])
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
         if self.media_collator is not None or _has_media(rows):
-            batch = self._multimodal(rows, seqs)
+            batch = self._multimodal(rows, seqs, width)
         else:
-            batch = self._pack(seqs, positions) if self.padding_free else self._pad(seqs)
-        batch.update(self._token_fields(rows, [len(ids) for ids, _ in seqs]))
+            batch = self._pack(seqs, positions) if self.padding_free else self._pad(seqs, width)
+            batch.update(_vision_tensors(rows))
+        batch.update(self._token_fields(rows, [len(ids) for ids, _ in seqs], width))
         if self.device is not None:
             batch = {k: v.to(self.device) for k, v in batch.items()}
         return batch
@@ -124,17 +159,14 @@ class InputProcessor:
             out.append(pos)
         return out
 
-    def _token_fields(self, rows: Sequence[Mapping[str, Any]], lengths: list[int]) -> dict[str, Any]:
-        """The rows' per-token fields, padded like input_ids (0) or concatenated when packing."""
+    def _token_fields(self, rows: Sequence[Mapping[str, Any]], lengths: list[int], width: int) -> dict[str, Any]:
+        """The rows' per-token fields, padded like input_ids (0) to ``width`` or concatenated when packing."""
         import torch
 
         present = [tuple(k for k in TOKEN_FIELDS if k in row) for row in rows]
         if len(set(present)) > 1:
             raise DataError(f"rows of the batch carry different per-token fields ({sorted(set(present))}); give every "
                             "row the same ones.")
-        width = max(lengths)
-        if self.pad_to_multiple_of:
-            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
         out = {}
         for key in present[0]:
             cols = []
@@ -149,12 +181,9 @@ class InputProcessor:
             out[key] = torch.tensor(cols, dtype=torch.long if key in _INT_FIELDS else torch.float32)
         return out
 
-    def _pad(self, seqs: list[tuple[list[int], list[int] | None]]) -> dict[str, Any]:
+    def _pad(self, seqs: list[tuple[list[int], list[int] | None]], width: int) -> dict[str, Any]:
         import torch
 
-        width = max(len(ids) for ids, _ in seqs)
-        if self.pad_to_multiple_of:
-            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
         with_labels = seqs[0][1] is not None
         cols: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": [], "position_ids": []}
         if with_labels:
@@ -187,8 +216,8 @@ class InputProcessor:
             batch["labels"] = torch.tensor([labels_all], dtype=torch.long)
         return batch
 
-    def _multimodal(self, rows: Sequence[Mapping[str, Any]], seqs: list[tuple[list[int], list[int] | None]]
-                    ) -> dict[str, Any]:
+    def _multimodal(self, rows: Sequence[Mapping[str, Any]], seqs: list[tuple[list[int], list[int] | None]],
+                    width: int) -> dict[str, Any]:
         """Padded token rows plus the vision inputs of their images/videos (see twinkle.multimodal.collate).
 
         No ``position_ids``: vision-language models derive their (multimodal rotary) positions from
@@ -202,7 +231,7 @@ class InputProcessor:
         if self.padding_free:
             raise DataError(self.media_collator.packing_refusal or "this model family cannot pack multimodal rows; "
                             "use padding_free=False.")
-        batch = self._pad(seqs)
+        batch = self._pad(seqs, width)
         batch.pop("position_ids")
         batch.update(self.media_collator(rows, batch["input_ids"]))
         return batch
@@ -210,6 +239,24 @@ class InputProcessor:
     def __repr__(self) -> str:
         return (f"InputProcessor(padding_free={self.padding_free}, pad_token_id={self.pad_token_id}, "
                 f"padding_side={self.padding_side!r}, device={self.device!r})")
+
+
+def _vision_tensors(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The rows' ready-made vision inputs, concatenated along the first dimension.
+
+    A row's tensor with a leading dimension of 1 (a batch of one, as a model's processor returns it)
+    loses it first, and a 1-D grid becomes one row, as upstream Twinkle collates them.
+    """
+    import torch
+
+    out = {}
+    for key in VISION_TENSORS:
+        values = [torch.as_tensor(row[key]) for row in rows if row.get(key) is not None]
+        if not values:
+            continue
+        values = [v.squeeze(0) if v.dim() > 1 and v.shape[0] == 1 else v for v in values]
+        out[key] = torch.cat([v.unsqueeze(0) if v.dim() == 1 else v for v in values], dim=0)
+    return out
 
 
 def _has_media(rows: Sequence[Mapping[str, Any]]) -> bool:

@@ -179,7 +179,7 @@ class DatasetConfig(Config):
     preprocessor: str | None = opt("SelfCognitionProcessor",
                                    "registered preprocessor turning rows into messages; none = rows are messages")
     preprocessor_kwargs: dict[str, Any] = opt(help="preprocessor arguments (a table)", factory=lambda: {
-        "model_name": "twinkle大模型", "model_author": "ModelScope社区"})
+        "model_name": "twinkle大模型", "model_author": "ModelScope社区", "system": None})
     train_samples: int | None = opt(None, "training rows to use; none = all (minus the eval rows)", min=1)
     eval_samples: int = opt(0, "rows after the training rows held out for evaluation", min=0)
     eval_dataset_id: str | None = opt(None, "a separate evaluation dataset")
