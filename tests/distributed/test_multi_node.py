@@ -108,15 +108,19 @@ def two_raylets():
         _wait_started(launches[1], temp / "worker.log")
         yield address
     finally:
-        for proc in launches:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)  # ray start --block stops its raylet's processes
-        for proc in launches:
+        for proc in reversed(launches):  # the worker node first, while the head's GCS can still drain it
+            # SIGTERM to ray start --block alone: it drains its node and stops that node's processes in order
+            # (signalled all at once, the GCS dies first and the drain waits for it)
+            proc.terminate()
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever of this launch is left
+            except ProcessLookupError:
+                pass
+            proc.wait()
         shutil.rmtree(temp, ignore_errors=True)
 
 
