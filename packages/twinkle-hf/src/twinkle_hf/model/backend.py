@@ -29,7 +29,7 @@ from twinkle.registry import resolve
 from twinkle.utils.checks import check_choice
 from twinkle_hf.distributed.plan import DistributedPlan
 from twinkle_hf.model.optim import build_optimizer
-from twinkle_hf.model.tasks import TASKS, run_task
+from twinkle_hf.model.tasks import TASKS, note_default_inputs, run_task
 
 
 def _fused_ce_loss() -> Loss:
@@ -152,7 +152,9 @@ class HFBackend:
         if unknown:
             raise TypeError(f"Unknown forward options {unknown}; forward takes inputs=, adapter_name=, task= and "
                             f"{', '.join(_FORWARD_OPTIONS)}.")
-        return [to_device(batch, self.device)]
+        moved = to_device(batch, self.device)
+        note_default_inputs(batch, moved)
+        return [moved]
 
     # ============================================================== computing
     def routed(self, routes: Sequence[Route]) -> Any:
