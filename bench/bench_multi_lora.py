@@ -143,7 +143,8 @@ def main() -> None:
     by = {(r["mode"], r["k"]): r for r in runs}
     ratios = {}
     if 1 in ks and 4 in ks:
-        ratios["multi_memory_k4_over_k1"] = round(by["time_shared", 4]["peak_mb"] / by["time_shared", 1]["peak_mb"], 3)
+        ratios["multi_memory_k4_over_k1"] = round(by["time_shared", 4]["peak_mb"] / by["time_shared", 1]["peak_mb"],
+                                                  3)
         ratios["separate_memory_k4_over_k1"] = round(by["separate", 4]["peak_mb"] / by["separate", 1]["peak_mb"], 3)
     if 8 in ks:
         ratios["separate_over_multi_memory_k8"] = round(by["separate", 8]["peak_mb"] / by["time_shared", 8]["peak_mb"],

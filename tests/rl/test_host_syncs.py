@@ -226,7 +226,8 @@ def test_host_sync_budget_of_a_default_training_step(spy):
             labels[:, :3] = -100
             batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids),
                      "position_ids": torch.arange(12).expand(4, 12).clone()}  # as the DataLoader collates them
-            results.append(model.forward_backward(inputs=batch, adapter_name="policy", gradient_accumulation_steps=2))
+            results.append(model.forward_backward(inputs=batch, adapter_name="policy",
+                                                  gradient_accumulation_steps=2))
 
     assert spy(model, micro_batches, everyone=True) == []
     step_reads = spy(model, lambda: results.append(model.clip_grad_and_step(adapter_name="policy")), everyone=True)

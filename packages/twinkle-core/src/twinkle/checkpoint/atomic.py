@@ -97,7 +97,6 @@ def shared_commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str], ok
     :class:`CheckpointError` naming the failed ranks, or rank 0's error from ``finish`` or the rename.
     """
     from twinkle import collective
-
     from twinkle.checkpoint.manifest import known_checksums, shared_checksums
 
     tmp, final = Path(tmp), Path(final)

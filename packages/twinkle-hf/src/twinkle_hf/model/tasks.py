@@ -69,7 +69,7 @@ def note_default_inputs(host: Mapping[str, Any], moved: Mapping[str, Any]) -> No
 
 
 def model_kwargs(batch: Mapping[str, Any], module: torch.nn.Module) -> dict[str, Any]:
-    """The entries of ``batch`` that ``module.forward`` accepts, minus labels, bookkeeping and default mask/positions."""
+    """The entries of ``batch`` that ``module.forward`` accepts, minus labels, bookkeeping and default inputs."""
     accepted = _forward_params(type(module).forward)
     return {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS and (accepted is None or k in accepted)
             and not (k in ("attention_mask", "position_ids") and v in _DEFAULT_INPUTS)}

@@ -34,7 +34,8 @@ class GroupedDelta:
     def __init__(self) -> None:
         self._masks: dict[tuple, torch.Tensor] = {}
 
-    def __call__(self, module: Any, routes: Sequence[Any], name: str, x: torch.Tensor, rows: int) -> torch.Tensor | None:
+    def __call__(self, module: Any, routes: Sequence[Any], name: str, x: torch.Tensor,
+                 rows: int) -> torch.Tensor | None:
         """The delta of ``routes`` (``SlotRoute``s with row ranges) on layer ``name``; ``None`` if none targets it.
 
         Args:
