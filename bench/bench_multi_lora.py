@@ -154,7 +154,8 @@ def main() -> None:
             ratios[f"batched_over_time_shared_tokens_k{k}"] = round(
                 by["batched", k]["tokens_per_s"] / by["time_shared", k]["tokens_per_s"], 3)
     print(json.dumps({"device": args.device, "host": platform.machine(), "rows_per_tenant": args.rows,
-                      "length": args.length, "steps": args.steps, "repeats": args.repeats, "runs": runs, "ratios": ratios}, indent=1))
+                      "length": args.length, "steps": args.steps, "repeats": args.repeats, "runs": runs,
+                      "ratios": ratios}, indent=1))
 
 
 if __name__ == "__main__":
