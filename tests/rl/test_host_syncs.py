@@ -210,8 +210,9 @@ def test_host_sync_budget_of_a_default_training_step(spy):
     """The budget of the default path (HF model, LoRA, default loss, padding-free rows of one length), counting
     every caller's reads (transformers', peft's and torch's too): 0 per micro-batch (the losses stay device
     tensors until the caller reads them) and 1 per optimizer step, the grad norm handed back for logging.
-    transformers' sdpa mask builder read an all-ones ``attention_mask`` back (``.all()``), and with ``position_ids`` but no mask its packed-
-    sequence check does the same: such inputs say only what the model assumes without them, so they are left out.
+    transformers' sdpa mask builder read an all-ones ``attention_mask`` back (``.all()``), and with
+    ``position_ids`` but no mask its packed-sequence check does the same: such inputs say only what the model
+    assumes without them, so they are left out.
     """
     model = make_model(seed=0)
     model.add_adapter_to_model("policy", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
