@@ -72,3 +72,34 @@ def test_a_failed_background_write_raises_in_wait_and_leaves_the_previous_direct
         pending.wait()
     assert calls == [] and not tmp.exists()  # the temporary directory is gone, finish never ran
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"] and [p.name for p in final.iterdir()] == ["old"]
+
+
+def test_each_rank_checksums_its_share_of_the_files_for_the_manifest(tmp_path: Path, monkeypatch) -> None:
+    """Rank 0 of 2 reads only its half of a sharded save's bytes for the manifest; rank 1's checksums (computed
+    here as rank 1 would) come through the gather, and the manifest equals one process's of the same files."""
+    import shutil
+
+    from twinkle import collective
+    from twinkle.checkpoint import manifest
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    for i in range(4):
+        (tmp / f"shard-{i}.bin").write_bytes(bytes([i]) * (1000 + i))
+    reference = tmp_path / "reference"
+    shutil.copytree(tmp, reference)
+    manifest.write_manifest(reference, step=1)
+    rank_1 = manifest.shared_checksums(tmp, (1, 2))
+    monkeypatch.setattr(collective, "world_size", lambda group=None: 2)
+    monkeypatch.setattr(collective, "rank", lambda group=None: 0)
+    monkeypatch.setattr(collective, "failed_ranks", lambda ok, group=None: [])
+    monkeypatch.setattr(collective, "gather_object", lambda obj, dst=0, group=None: [obj, rank_1])
+    monkeypatch.setattr(collective, "broadcast_object", lambda obj, src=0, group=None: obj)
+    reads = []
+    real = manifest.file_checksum
+    monkeypatch.setattr(manifest, "file_checksum", lambda path: reads.append(Path(path).name) or real(path))
+    final = tmp_path / "ckpt"
+    shared_commit(tmp, final, True, finish=lambda d: manifest.write_manifest(d, step=1))
+    assert sorted(reads) == ["shard-0.bin", "shard-2.bin"]
+    assert (final / manifest.MANIFEST_FILE).read_text() == (reference / manifest.MANIFEST_FILE).read_text()
+    manifest.verify_manifest(final)

@@ -8,6 +8,8 @@ platform, with a spy in place of ``torch.distributed.init_process_group``.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -63,7 +65,7 @@ def test_megatron_binds_the_process_and_the_group_to_its_device(rank_one, two_gp
     ensure_process_group("cuda")
     assert two_gpus == [1]
     assert rank_one == [{"backend": "cpu:gloo,cuda:nccl", "rank": 1, "world_size": 2,
-                         "device_id": torch.device("cuda", 1)}]
+                         "device_id": torch.device("cuda", 1), "timeout": timedelta(seconds=1800)}]
 
 
 def test_initialize_gives_the_group_its_device_too(rank_one, two_gpus):
@@ -78,10 +80,19 @@ def test_on_the_cpu_the_group_gets_no_device(rank_one):
     from twinkle_megatron.parallel.state import ensure_process_group
 
     ensure_process_group("cpu")
-    assert rank_one == [{"backend": CPUPlatform.dist_backend, "rank": 1, "world_size": 2}]
+    assert rank_one == [{"backend": CPUPlatform.dist_backend, "rank": 1, "world_size": 2,
+                         "timeout": timedelta(seconds=1800)}]
 
 
 def test_a_rank_sees_the_device_set_binds_when_fewer_are_visible(two_gpus):
     """LOCAL_RANK 3 with 2 visible devices (a launcher that restricts CUDA_VISIBLE_DEVICES): cuda:1, as set_device."""
     assert CUDAPlatform.device(3) == torch.device("cuda", 1)
     assert CUDAPlatform.bind(3) == {"device_id": torch.device("cuda", 1)} and two_gpus == [3]
+
+
+def test_the_process_group_timeout_is_sized_for_checkpoint_writes(rank_one):
+    """Without ``timeout_s`` the group gets half an hour (torch's NCCL default, 10 minutes, is shorter than a
+    large full-model save keeps the other ranks waiting); a given ``timeout_s`` is kept."""
+    twinkle.initialize(device="cpu")
+    twinkle.initialize(device="cpu", timeout_s=90)
+    assert [c["timeout"] for c in rank_one] == [timedelta(seconds=1800), timedelta(seconds=90)]

@@ -7,6 +7,7 @@ import torch
 from hf_testing import make_batch
 from ml_testing import lora, make_multi, randomize, tenant_hash
 from rounding import LORA_TERMS, U, tiny_hf, within
+from torch.utils._python_dispatch import TorchDispatchMode
 
 TENANTS = {"a": lora(4, 8, ("q_proj", "v_proj")), "b": lora(8, 16, "all-linear", use_rslora=True),
            "c": lora(2, 2, ("down_proj",))}
@@ -131,3 +132,29 @@ def test_dataloader_rows_are_accepted_like_tensor_batches():
     for tenant in TENANTS:
         for g_fused, g_seq in zip(_grads(fused, tenant), _grads(sequential, tenant), strict=True):
             _close(g_fused, g_seq)
+
+
+class _MatmulCount(TorchDispatchMode):
+    """Counts the matrix products the dispatcher runs (forward and backward)."""
+
+    PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.PRODUCTS
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_batched_step_runs_the_same_matmuls_for_any_number_of_tenants():
+    """The tenants' rows go through each LoRA layer together (two products per layer and pass), not one tenant
+    after another: a third tenant in the batch adds rows, not products."""
+    model = _model("SGD")
+    counts = []
+    for tenants in (("a", "b"), ("a", "b", "c")):
+        with _MatmulCount() as mode:
+            model.forward_backward_multi({t: make_batch(50 + i, rows=1, length=8) for i, t in enumerate(tenants)})
+        counts.append(mode.count)
+    assert counts[0] == counts[1], counts

@@ -50,8 +50,9 @@ def _tensors(tree) -> list[torch.Tensor]:
 class DeviceReads(TorchFunctionMode):
     """Records ``(call, file:line, function)`` for each host read of a device-marked tensor by twinkle's code."""
 
-    def __init__(self, device_tensors: list[torch.Tensor]) -> None:
+    def __init__(self, device_tensors: list[torch.Tensor], everyone: bool = False) -> None:
         super().__init__()
+        self.everyone = everyone  # also the reads of transformers, peft and torch (the host-sync budget)
         self.on_device = WeakIdKeyDictionary({t: True for t in device_tensors})
         self.reads: list[tuple[str, str, str]] = []
 
@@ -70,6 +71,11 @@ class DeviceReads(TorchFunctionMode):
         return self.mark(out) if marked else out
 
     def _record(self, func) -> None:
+        if self.everyone:
+            frame = next((f for f in reversed(traceback.extract_stack()[:-2]) if not f.filename.startswith(TORCH)),
+                         traceback.extract_stack()[-3])
+            self.reads.append((func.__name__, f"{Path(frame.filename).name}:{frame.lineno}", frame.name))
+            return
         for frame in reversed(traceback.extract_stack()[:-2]):  # [-2:]: this and __torch_function__
             if frame.filename.startswith(TORCH):
                 continue  # inside torch itself: the read is its caller's
@@ -82,8 +88,8 @@ class DeviceReads(TorchFunctionMode):
 def spy(monkeypatch):
     """A function running ``step()`` under :class:`DeviceReads` with the moves to the device marked."""
 
-    def run(model, step):
-        mode = DeviceReads(list(model.model.parameters()) + list(model.model.buffers()))
+    def run(model, step, everyone=False):
+        mode = DeviceReads(list(model.model.parameters()) + list(model.model.buffers()), everyone)
 
         def to_device(batch, device):  # a real move returns new tensors: copy, then mark them
             moved = {k: v.clone() if isinstance(v, torch.Tensor) else v
@@ -198,3 +204,32 @@ def test_the_batch_check_reads_a_device_batch_back_once():
     with pytest.raises(ValueError, match="labels holds 50"):
         check_batch(bad, vocab_size=50)
     assert check_batch(_batch(), vocab_size=50)["labels"].device.type == "cpu"  # a host batch stays on the host
+
+
+def test_host_sync_budget_of_a_default_training_step(spy):
+    """The budget of the default path (HF model, LoRA, default loss, padding-free rows of one length), counting
+    every caller's reads (transformers', peft's and torch's too): 0 per micro-batch (the losses stay device
+    tensors until the caller reads them) and 1 per optimizer step, the grad norm handed back for logging.
+    transformers' sdpa mask builder read an all-ones ``attention_mask`` back (``.all()``), and with
+    ``position_ids`` but no mask its packed-sequence check does the same: such inputs say only what the model
+    assumes without them, so they are left out.
+    """
+    model = make_model(seed=0)
+    model.add_adapter_to_model("policy", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model.set_optimizer("SGD", lr=0.1, adapter_name="policy")
+    results = []
+
+    def micro_batches():
+        for micro in range(2):
+            g = torch.Generator().manual_seed(micro)
+            ids = torch.randint(3, 100, (4, 12), generator=g)
+            labels = ids.clone()
+            labels[:, :3] = -100
+            batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids),
+                     "position_ids": torch.arange(12).expand(4, 12).clone()}  # as the DataLoader collates them
+            results.append(model.forward_backward(inputs=batch, adapter_name="policy",
+                                                  gradient_accumulation_steps=2))
+
+    assert spy(model, micro_batches, everyone=True) == []
+    step_reads = spy(model, lambda: results.append(model.clip_grad_and_step(adapter_name="policy")), everyone=True)
+    assert [(call, function) for call, _, function in step_reads] == [("__float__", "clip")], step_reads

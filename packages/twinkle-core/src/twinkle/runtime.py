@@ -19,6 +19,10 @@ from twinkle.log import get_logger
 from twinkle.mesh import DeviceGroup, DeviceMesh
 
 MODES = ("local", "ray")
+#: The process group's timeout when ``timeout_s`` is not given. torch's NCCL default (10 minutes) is shorter than
+#: a full-model save of a large model can keep the other ranks waiting in the next collective (rank 0 writing
+#: the consolidated weights and the manifest); half an hour covers writing ~100 GB at 100 MB/s.
+DEFAULT_PROCESS_GROUP_TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -106,6 +110,11 @@ def _check_groups(groups: Sequence[DeviceGroup], world_size: int, mode: str) -> 
     return by_name
 
 
+def process_group_timeout(timeout_s: float | None = None) -> timedelta:
+    """The timeout of the process groups twinkle creates: ``timeout_s``, else one sized for checkpoint writes."""
+    return timedelta(seconds=timeout_s or DEFAULT_PROCESS_GROUP_TIMEOUT_S)
+
+
 def initialize(
     mode: str = "local",
     global_device_mesh: DeviceMesh | None = None,
@@ -125,7 +134,8 @@ def initialize(
     processes (``backend`` replaces the platform's, e.g. ``'gloo'`` or ``'cpu:gloo,cuda:nccl'``). ray: this process
     is the driver; it starts (or joins ``ray_address``) a Ray cluster,
     and each ``@remote_class`` component built with ``remote_group=`` becomes one actor per rank of
-    that group. ``timeout_s`` bounds collectives (local) and remote calls (ray).
+    that group. ``timeout_s`` bounds collectives (local; default :data:`DEFAULT_PROCESS_GROUP_TIMEOUT_S`) and
+    remote calls (ray).
     """
     global _runtime
     if mode not in MODES:
@@ -162,9 +172,8 @@ def initialize(
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
             dist.init_process_group(backend=backend or platform.dist_backend, rank=rank, world_size=world_size, **bound,
-                                    **kwargs)
+                                    timeout=process_group_timeout(timeout_s))
             # A script should not have to remember destroy_process_group; see _close_process_groups.
             atexit.register(_close_process_groups)
     if seed is not None:

@@ -97,10 +97,21 @@ def shared_commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str], ok
     :class:`CheckpointError` naming the failed ranks, or rank 0's error from ``finish`` or the rename.
     """
     from twinkle import collective
+    from twinkle.checkpoint.manifest import known_checksums, shared_checksums
 
     tmp, final = Path(tmp), Path(final)
     failed = collective.failed_ranks(ok)
-    lead_error = _complete(tmp, final, failed, finish) if collective.rank() == 0 else None
+    known: dict[str, tuple[int, int, str]] = {}
+    if not failed and finish is not None and collective.world_size() > 1:
+        # the manifest's checksums: each rank reads its share of the files, rank 0 writes the table
+        try:
+            share = shared_checksums(tmp, (collective.rank(), collective.world_size()))
+        except OSError:  # rank 0 reads what is missing; the gather must not wait for this rank
+            share = {}
+        for table in collective.gather_object(share) or []:
+            known.update(table)
+    with known_checksums(known):
+        lead_error = _complete(tmp, final, failed, finish) if collective.rank() == 0 else None
     outcome = collective.broadcast_object(None if lead_error is None else f"{type(lead_error).__name__}: "
                                                                         f"{lead_error}")
     if not ok:

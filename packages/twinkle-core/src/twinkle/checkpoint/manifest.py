@@ -9,8 +9,11 @@ code from a checkpoint (safetensors, ``weights_only=True``, ``twinkle.checkpoint
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +35,50 @@ def file_checksum(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+#: Checksums the ranks of a job computed for the manifest about to be written (see :func:`shared_checksums`).
+_KNOWN: contextvars.ContextVar[dict[str, tuple[int, int, str]] | None] = contextvars.ContextVar("known", default=None)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+def shared_checksums(directory: str | os.PathLike[str], share: tuple[int, int]) -> dict[str, tuple[int, int, str]]:
+    """This rank's share of the checksums of ``directory``'s files: every n-th file from the i-th.
+
+    Returns ``{name: (size, mtime_ns, checksum)}``; the ranks' tables, merged, are handed to
+    :func:`write_manifest` through :func:`known_checksums`, so rank 0 no longer reads every byte of a sharded
+    save alone while the others wait (the stamps make it re-read a file that changed since).
+    """
+    directory = Path(directory)
+    names = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+    return {str(p.relative_to(directory)): (*_stamp(p), file_checksum(p))
+            for index, p in enumerate(names) if index % share[1] == share[0]}
+
+
+@contextlib.contextmanager
+def known_checksums(table: dict[str, tuple[int, int, str]]) -> Iterator[None]:
+    """:func:`write_manifest` inside this block takes ``table``'s checksums for files whose stamps still match."""
+    token = _KNOWN.set(table)
+    try:
+        yield
+    finally:
+        _KNOWN.reset(token)
+
+
+def _checksum(directory: Path, path: Path) -> str:
+    known = (_KNOWN.get() or {}).get(str(path.relative_to(directory)))
+    if known is not None and known[:2] == _stamp(path):
+        return known[2]
+    return file_checksum(path)
+
+
 def write_manifest(directory: str | os.PathLike[str], **fields: Any) -> Path:
     """Record every file under ``directory`` (size and checksum) plus ``fields``; returns the manifest path."""
     directory = Path(directory)
     path = directory / MANIFEST_FILE  # a sub-directory's own manifest (a model's inside a Trainer's) is listed
-    files = {str(p.relative_to(directory)): {"size": p.stat().st_size, CHECKSUM: file_checksum(p)}
+    files = {str(p.relative_to(directory)): {"size": p.stat().st_size, CHECKSUM: _checksum(directory, p)}
              for p in sorted(directory.rglob("*")) if p.is_file() and p != path}
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(json.dumps({**fields, "files": files}, indent=2) + "\n")

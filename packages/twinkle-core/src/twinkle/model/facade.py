@@ -123,8 +123,12 @@ class ModelFacade(TwinkleModel):
         batch = collate(inputs, group, backend.pad_token_id(group), backend.vocab_size, self.max_length)
         return backend.prepare(batch, group, task, options)
 
-    def _task(self, group: OptimizerGroup, task: str | None) -> str:
-        """No task given: the one the group's loss reads (a fused-CE loss needs hidden states, not logits)."""
+    def _task(self, group: OptimizerGroup, task: str | None, training: bool = False) -> str:
+        """No task given: the one the group's loss reads (a fused-CE loss needs hidden states, not logits); a
+        training step without a loss set takes the backend's default loss task (``training_task``, where a
+        backend has one: the fused linear cross-entropy on CUDA)."""
+        if task is None and group.loss is None and training:
+            task = getattr(self.backend, "training_task", "causal_lm")
         return self.backend.check_task(task if task is not None else getattr(group.loss, "task", "causal_lm"))
 
     # ============================================================== computing
@@ -182,7 +186,7 @@ class ModelFacade(TwinkleModel):
         """
         group = self._group(adapter_name)
         group.take_accumulation_steps(kwargs)
-        task = self._task(group, task)
+        task = self._task(group, task, training=True)
         pieces = self._batch(group, inputs, task, kwargs)
         self._require_parallelized("forward_backward")
         return self.engine.forward_backward([Route(group)], pieces, task, kwargs)[group.name]

@@ -29,7 +29,7 @@ from twinkle.registry import resolve
 from twinkle.utils.checks import check_choice
 from twinkle_hf.distributed.plan import DistributedPlan
 from twinkle_hf.model.optim import build_optimizer
-from twinkle_hf.model.tasks import TASKS, run_task
+from twinkle_hf.model.tasks import TASKS, note_default_inputs, run_task
 
 
 def _fused_ce_loss() -> Loss:
@@ -162,7 +162,12 @@ class HFBackend:
                             f"{', '.join(_FORWARD_OPTIONS)}.")
         if self.sequence_parallel is not None:  # this rank's part of each row, labels shifted over the whole row
             batch = self.sequence_parallel.split(batch, self.loss_for(group, task, False), task)
-        return [to_device(batch, self.device)]
+            # a part's mask and positions are always passed: only rank 0's part would look like the defaults,
+            # and every rank must run the same attention path
+            return [to_device(batch, self.device)]
+        moved = to_device(batch, self.device)
+        note_default_inputs(batch, moved)
+        return [moved]
 
     # ============================================================== computing
     def routed(self, routes: Sequence[Route]) -> Any:

@@ -45,7 +45,10 @@ class TransformersModel(ModelFacade):
     the model (missing/unexpected/mis-shaped) are an error instead of transformers' warning. ``kernelize``:
     swap in the installed fused kernels (``twinkle.kernel.kernelize``: liger's RMSNorm, SwiGLU, RoPE on CUDA);
     None (the default) does so on CUDA without FSDP2 sharding, False never, True also elsewhere (on the CPU
-    it picks torch's own ops).
+    it picks torch's own ops). ``fused_loss``: a training step without a loss set computes the cross-entropy
+    from the hidden states chunk by chunk (``task='fused_lm_ce'``, the logits are never materialised); None
+    (the default) does so on CUDA where liger-kernel is installed, False never, True also elsewhere (the torch
+    chunked kernel). ``forward`` still returns logits.
     """
 
     supports_async_save = True
@@ -64,6 +67,7 @@ class TransformersModel(ModelFacade):
                  gradient_checkpointing: bool = False,
                  strict_load: bool = False,
                  kernelize: bool | None = None,
+                 fused_loss: bool | None = None,
                  **kwargs: Any) -> None:
         backend = build_backend(model_cls, model_id, config, device_mesh, mixed_precision, strategy, ddp_config,
                                 fsdp_config, grad_scaler_config, memory_efficient_init, strict_load, kwargs)
@@ -82,6 +86,8 @@ class TransformersModel(ModelFacade):
             from twinkle.kernel import kernelize as apply_kernels
 
             apply_kernels(self)
+        if fused_loss_by_default(fused_loss, backend.device.type, liger_installed()):
+            backend.training_task = "fused_lm_ce"  # forward_backward without a loss: no (tokens, vocab) logits
 
     @property
     def is_peft(self) -> bool:
@@ -132,3 +138,18 @@ def kernelize_by_default(flag: bool | None, device_type: str, sharded: bool) -> 
     if flag is not None:
         return flag
     return device_type == "cuda" and not sharded
+
+
+def liger_installed() -> bool:
+    """Whether liger-kernel can be imported (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def fused_loss_by_default(flag: bool | None, device_type: str, liger: bool) -> bool:
+    """Whether a training step without a loss uses the fused linear cross-entropy: ``flag`` when given, else on
+    CUDA with liger's kernel (on the CPU the default loss path, and its recorded numerics, stay as they are)."""
+    if flag is not None:
+        return flag
+    return device_type == "cuda" and liger

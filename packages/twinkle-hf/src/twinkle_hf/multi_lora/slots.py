@@ -8,7 +8,8 @@ is switched off on those layers; a forward hook adds each tenant's LoRA instead:
 so a tenant with ``r_t < max_r`` trains exactly an ``r_t``-rank adapter (the unused ranks get no
 gradient and are kept at zero), with its own scaling (``lora_alpha / r`` or ``/ sqrt(r)`` with
 rslora), dropout and target modules. A *route* says which tenant owns which rows of the batch:
-one tenant for the whole batch (time-sharing) or several row ranges (batched multi-tenant step).
+one tenant for the whole batch (time-sharing) or several row ranges (batched multi-tenant step: all
+tenants' rows through two matmuls per layer, :mod:`twinkle_hf.multi_lora.grouped`).
 The hook raises when called outside a route, so nothing ever falls back to some slot silently.
 """
 
@@ -34,6 +35,7 @@ from twinkle.hub import portable_id
 from twinkle.model.lora_targets import with_default_targets
 from twinkle.model.optimizer_group import OptimizerGroup
 from twinkle.multi_lora import LoraTenant, TenantSpec
+from twinkle_hf.multi_lora.grouped import GroupedDelta
 from twinkle_hf.multi_lora.sharded import assign, full, is_sharded
 
 #: LoraConfig fields a slot cannot honour, with the value it must keep.
@@ -73,6 +75,7 @@ class LoraSlots:
         self.configs: dict[str, LoraConfig] = {}  # the LoraConfig each slot's tenant acquired it with
         self.unused: dict[str, list[torch.Tensor]] = {}  # per slot: views of what its tenant does not train
         self.routes: Sequence[SlotRoute] | None = None
+        self._grouped = GroupedDelta()  # several tenants' rows: one pass per layer
 
     def _hook(self, layers: dict[str, LoraLayer]) -> None:
         self.layers = layers
@@ -322,19 +325,11 @@ class LoraSlots:
                 raise RuntimeError(f"LoRA layer {name!r} ran outside a tenant route: run the model through the "
                                    "MultiLoraTransformersModel API (forward/forward_backward with adapter_name=).")
             x = args[0]
-            pieces, touched = [], False
-            for route in self.routes:
-                rows = x if route.start is None else x[route.start:route.stop]
-                if name not in route.spec.targets:
-                    pieces.append(None if route.start is None else torch.zeros_like(output[route.start:route.stop]))
-                    continue
-                touched = True
-                pieces.append(self._delta(module, route.spec, rows).to(output.dtype))
-            if not touched:
-                return output
-            if len(pieces) == 1 and self.routes[0].start is None:
-                return output + pieces[0]
-            return output + torch.cat(pieces, dim=0)
+            if len(self.routes) == 1 and self.routes[0].start is None:  # one tenant for the whole batch
+                spec = self.routes[0].spec
+                return output if name not in spec.targets else output + self._delta(module, spec, x).to(output.dtype)
+            delta = self._grouped(module, self.routes, name, x, output.shape[0])
+            return output if delta is None else output + delta.to(output.dtype)
 
         return hook
 

@@ -30,7 +30,7 @@ def ensure_process_group(device_type: str) -> None:
     import torch.distributed as dist
 
     from twinkle.platform import detect_platform
-    from twinkle.runtime import local_rank
+    from twinkle.runtime import local_rank, process_group_timeout
 
     if dist.is_initialized():
         return
@@ -39,7 +39,7 @@ def ensure_process_group(device_type: str) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 or "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend=platform.dist_backend, rank=int(os.environ.get("RANK", "0")),
-                                world_size=world, **bound)
+                                world_size=world, timeout=process_group_timeout(), **bound)
         return
     store = tempfile.NamedTemporaryFile(prefix="twinkle-megatron-", delete=False)
     store.close()
