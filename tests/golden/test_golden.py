@@ -81,11 +81,7 @@ HOSTILE_PARENT = {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2", "MKL_NU
 
 #: run name -> why its reduction order changed on purpose (a refactor that moves the bits at rounding level
 #: and does not re-record): such a run compares within its bound even on a recorded fingerprint. Empty: none.
-REORDERED: dict[str, str] = {
-    "multi_lora_batched": "the batched step runs each LoRA layer as two matmuls over every tenant's rows (the slots "
-                          "concatenated along the rank) instead of two per tenant: the same products, summed in "
-                          "another order (39 of 236 recorded values moved, all within the run's bound)",
-}
+REORDERED: dict[str, str] = {}
 
 
 def _load_golden() -> Any:
