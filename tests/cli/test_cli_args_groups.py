@@ -1,4 +1,5 @@
-"""The groups and fields seed 003 reads, their defaults, LoRA kwargs for peft, and a cheap import."""
+"""The groups and fields the reference user script (tests/trainer/test_seed003.py) reads, their defaults,
+LoRA kwargs for peft, and a cheap import."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from twinkle.cli import CLI, LoraArgs
 
-# (group, field) -> accepted types, for every attribute seed 003's script reads
+# (group, field) -> accepted types, for every attribute the reference user script reads
 SEED_003_FIELDS = {
     ("infra", "fsdp_size"): (int,), ("infra", "dp_size"): (int, type(None)), ("infra", "mode"): (str,),
     ("dataset", "dataset_id"): (str,), ("template", "template_cls"): (str,), ("model", "model_id"): (str,),

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from twinkle.constants import IGNORE_INDEX
 from twinkle.model.optimizer_group import OptimizerGroup
@@ -177,3 +178,31 @@ def _check_range(ids: Any, labels: Any, vocab: int, ignore: int) -> None:
         bad = found[2] if found[2] < 0 else found[3]
         raise ValueError(f"labels holds {bad}, outside this model's vocabulary [0, {vocab}) and not the ignore "
                          f"index {ignore}; mark untrained tokens with {ignore} and encode with this model's tokenizer.")
+
+
+#: Device tensors known (from their host copies) to say only what the model assumes without them: an
+#: ``attention_mask`` of ones and ``position_ids`` counting 0, 1, ... in every row. transformers' mask
+#: builders read such inputs back to decide that (``attention_mask.all()`` in the sdpa mask, the packed-
+#: sequence check of ``position_ids`` when there is no mask): a host sync per forward on an accelerator.
+#: Without them it takes the same causal path on the same positions without asking, so they are not passed
+#: to the model; the losses still read the mask from the batch.
+_DEFAULT_INPUTS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def is_default_input(value: Any) -> bool:
+    """Whether ``value`` is a device mask or positions tensor noted by ``note_default_inputs``."""
+    return isinstance(value, torch.Tensor) and value in _DEFAULT_INPUTS
+
+
+def note_default_inputs(host: Mapping[str, Any], moved: Mapping[str, Any]) -> None:
+    """Remember ``moved``'s mask and positions as defaults when their host copies in ``host`` are (host reads)."""
+    mask, positions = host.get("attention_mask"), host.get("position_ids")
+    if not (isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and mask.dim() == 2 and bool(mask.all())):
+        return
+    if positions is not None:
+        if not (isinstance(positions, torch.Tensor) and positions.device.type == "cpu"
+                and positions.shape == mask.shape
+                and torch.equal(positions, torch.arange(mask.shape[1]).expand_as(positions))):
+            return
+        _DEFAULT_INPUTS[moved["position_ids"]] = True
+    _DEFAULT_INPUTS[moved["attention_mask"]] = True

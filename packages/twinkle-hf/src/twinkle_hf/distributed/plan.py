@@ -38,22 +38,19 @@ class DistributedPlan:
     distributed: bool = field(init=False)
     sharded: bool = field(init=False)
     hsdp: bool = field(init=False)
+    #: the layers' weights split over ``tp_size`` ranks (alone or under FSDP2)
+    tensor_parallel: bool = field(init=False)
+    #: each MoE layer's experts split over ``ep_size`` of the data ranks (under FSDP2)
+    expert_parallel: bool = field(init=False)
 
     def __post_init__(self) -> None:
         sharded = self.kind in ("fsdp2", "accelerate_fsdp2")
         object.__setattr__(self, "distributed", self.kind != "none")
         object.__setattr__(self, "sharded", sharded)
         object.__setattr__(self, "hsdp", sharded and self.dp_size > 1 and self.fsdp_size > 1)
-
-    @property
-    def tensor_parallel(self) -> bool:
-        """Whether the layers' weights are split over ``tp_size`` ranks (alone or under FSDP2)."""
-        return self.tp_size > 1
-
-    @property
-    def expert_parallel(self) -> bool:
-        """Whether each MoE layer's experts are split over ``ep_size`` of the data ranks (under FSDP2)."""
-        return self.ep_size > 1
+        # fields, not properties: the step reads them, and a read should not enter this file (tests/engine)
+        object.__setattr__(self, "tensor_parallel", self.tp_size > 1)
+        object.__setattr__(self, "expert_parallel", self.ep_size > 1)
 
     @property
     def data_size(self) -> int:

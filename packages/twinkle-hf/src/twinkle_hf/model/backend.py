@@ -23,13 +23,13 @@ from twinkle.engine import Route
 from twinkle.loss import CrossEntropyLoss, InfoNCELoss, Loss
 from twinkle.loss.token_inputs import reference_logprobs
 from twinkle.model.components import build_component
-from twinkle.model.inputs import to_device
+from twinkle.model.inputs import note_default_inputs, to_device
 from twinkle.model.optimizer_group import OptimizerGroup, check_optimizer_lrs, check_optimizer_params
 from twinkle.registry import resolve
 from twinkle.utils.checks import check_choice
 from twinkle_hf.distributed.plan import DistributedPlan
 from twinkle_hf.model.optim import build_optimizer
-from twinkle_hf.model.tasks import TASKS, note_default_inputs, run_task
+from twinkle_hf.model.tasks import TASKS, run_task
 
 
 def _fused_ce_loss() -> Loss:

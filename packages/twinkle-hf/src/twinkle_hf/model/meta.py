@@ -1,6 +1,6 @@
 """Building a model on the meta device, and the dtypes its weights are held in.
 
-Under FSDP2 no rank should ever hold the whole model (DESIGN.md §5), so the model is built with
+Under FSDP2 no rank should ever hold the whole model (docs/distributed.md, sharded loading), so the model is built with
 its parameters on the meta device (no storage; buffers such as rotary ``inv_freq`` are real and
 tiny), adapters are added, the model is sharded, and each rank then reads only its own shards
 from the checkpoint files (``twinkle_hf.distributed.shard_load``). peft creates an adapter's

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from twinkle.constants import SHIFT_LABELS
+from twinkle.model.inputs import is_default_input
 from twinkle.utils.checks import check_choice
 
 #: Keys never passed to the model: the loss and the bookkeeping read them.
@@ -46,34 +46,11 @@ def _forward_params(forward: Any) -> frozenset[str] | None:
     return frozenset(params)
 
 
-#: Device tensors known (from their host copies) to say only what the model assumes without them: an
-#: ``attention_mask`` of ones and ``position_ids`` counting 0, 1, ... in every row. transformers' mask
-#: builders read such inputs back to decide that (``attention_mask.all()`` in the sdpa mask, the packed-
-#: sequence check of ``position_ids`` when there is no mask): a host sync per forward on an accelerator.
-#: Without them it takes the same causal path on the same positions without asking, so they are not passed
-#: to the model; the losses still read the mask from the batch.
-_DEFAULT_INPUTS: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-def note_default_inputs(host: Mapping[str, Any], moved: Mapping[str, Any]) -> None:
-    """Remember ``moved``'s mask and positions as defaults when their host copies in ``host`` are (host reads)."""
-    mask, positions = host.get("attention_mask"), host.get("position_ids")
-    if not (isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and mask.dim() == 2 and bool(mask.all())):
-        return
-    if positions is not None:
-        if not (isinstance(positions, torch.Tensor) and positions.device.type == "cpu"
-                and positions.shape == mask.shape
-                and torch.equal(positions, torch.arange(mask.shape[1]).expand_as(positions))):
-            return
-        _DEFAULT_INPUTS[moved["position_ids"]] = True
-    _DEFAULT_INPUTS[moved["attention_mask"]] = True
-
-
 def model_kwargs(batch: Mapping[str, Any], module: torch.nn.Module) -> dict[str, Any]:
     """The entries of ``batch`` that ``module.forward`` accepts, minus labels, bookkeeping and default inputs."""
     accepted = _forward_params(type(module).forward)
     return {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS and (accepted is None or k in accepted)
-            and not (k in ("attention_mask", "position_ids") and v in _DEFAULT_INPUTS)}
+            and not (k in ("attention_mask", "position_ids") and is_default_input(v))}
 
 
 def accepts(module: torch.nn.Module, name: str) -> bool:

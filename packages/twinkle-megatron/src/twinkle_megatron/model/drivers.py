@@ -4,7 +4,7 @@ Both drivers share one gradient contract: backward runs on the *sum* of per-toke
 (megatron's ``calculate_per_token_loss``), and on the accumulation boundary :meth:`finalize`
 divides by the number of tokens of the whole window (all data- and context-parallel ranks
 together, through ``finalize_model_grads`` on GPU), giving the token-weighted mean gradient
-DESIGN.md asks for. On GPU a step prepares the gradients exactly once (megatron's ``prepare_grads``:
+(docs/megatron.md). On GPU a step prepares the gradients exactly once (megatron's ``prepare_grads``:
 copy to the main grads, unscale, check for inf/NaN, update the fp16 loss scale); ``clip`` computes the
 norm once and clips, and ``step`` runs ``step_with_ready_grads`` (megatron's ``step()`` would prepare
 again). Every group has its own driver, so several adapters (multi-LoRA tenants) train interleaved
