@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -17,6 +18,11 @@ from twinkle.mesh import DIMS
 def no_launcher(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
+    # These tests read the launcher's environment, which Platform consults only before a process group
+    # exists; a one-process group that an earlier test of this worker left initialised would answer instead.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        monkeypatch.setattr(dist, "is_initialized", lambda: False)
 
 
 def test_a_rank_array_gives_each_rank_the_coordinates_of_its_position():
